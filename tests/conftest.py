@@ -1,0 +1,53 @@
+"""Shared fixtures: real upstream sources, fetched or named at test time, never committed."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cookbook import upstream  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def vllm_src() -> Path:
+    """Pristine vLLM v0.30.0 sdist tree (sha256-pinned, cached). Never modify it."""
+    return upstream.vllm_source("0.30.0")
+
+
+@pytest.fixture(scope="session")
+def vllm_026_src() -> Path:
+    """Pristine vLLM v0.26.0 sdist tree: a known wrong base."""
+    return upstream.vllm_source("0.26.0")
+
+
+@pytest.fixture(scope="session")
+def vllm_gaudi_src() -> Path:
+    """A vllm-gaudi source tree named by VLLM_GAUDI_SRC (main 091bbadd)."""
+    src = os.environ.get("VLLM_GAUDI_SRC")
+    if not src:
+        pytest.skip("VLLM_GAUDI_SRC is not set: no vllm-gaudi source tree to test against")
+    path = Path(src)
+    if not (path / "vllm_gaudi").is_dir():
+        pytest.fail(f"VLLM_GAUDI_SRC={src} has no vllm_gaudi/ package directory")
+    return path
+
+
+def patched_copy(src_root: Path, target: str, fixes: list[str], dest: Path,
+                 profile: str = "v0.30.0") -> Path:
+    """dest/<package>: a copy of src_root/<package> with the named fixes of the profile applied,
+    in profile order, by the fix-pack library itself (the commit pin is not checked, as in
+    `apply_all.py verify`). Returns dest, ready for PYTHONPATH (add src_root after it for files
+    outside the package, e.g. the sdist's tests/)."""
+    from cookbook import api
+
+    package = api.load_profile(profile).targets[target].package
+    shutil.copytree(src_root / package, dest / package, symlinks=True)
+    api.apply_unpinned(profile, {target: dest}, fixes)
+    return dest

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create (once) and print the path of the cached test virtualenv.
+# Its name carries a hash of everything that decides its contents, so a changed requirement
+# builds a new one and an unchanged one is reused across clones.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+torch_pin="torch==2.13.0"
+vllm_src=$("$python" -c "import sys; sys.path.insert(0, '$here'); from cookbook.upstream import vllm_source; print(vllm_source('0.30.0'))")
+key=$( { "$python" --version; echo "$torch_pin"; cat "$here/requirements/cookbook.txt" "$here/requirements/test.txt" "$vllm_src/requirements/common.txt"; } | sha256sum | cut -c1-12)
+venv=${COOKBOOK_CACHE:-$HOME/.cache/gaudi-cookbook}/venv-$key
+if [ ! -f "$venv/.complete" ]; then
+  echo "test_env: building $venv (torch CPU + vLLM 0.30.0 requirements)" >&2
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q "$torch_pin" >&2
+  "$venv/bin/pip" install -q "$torch_pin" -r "$vllm_src/requirements/common.txt" -r "$here/requirements/test.txt" >&2
+  # PyPI's torchvision/torchaudio are CUDA builds that break transformers next to torch CPU.
+  "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" >&2
+  touch "$venv/.complete"
+fi
+echo "$venv"
