@@ -1,0 +1,79 @@
+"""inkling_hpu: Inkling-Small (text only) for vLLM 0.30.0 + vllm-gaudi.
+
+`register()` is the `vllm.general_plugins` entry point. vLLM calls it once in every process (API
+server, engine core, each worker). It must stay cheap and must not import Habana modules: the
+model class is registered as a lazy "module:Class" string and imported only when vLLM builds it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+from inkling_hpu import models
+
+__version__ = "0.1.0"
+
+logger = logging.getLogger("inkling_hpu")
+
+# vllm-gaudi's general plugins, in the order its setup.py lists them (entry points are not sorted
+# by vLLM, so ours may run first). Each is import-cached or guarded, so calling it again is a no-op.
+_GAUDI_PLUGIN_FUNCTIONS = ("register_utils", "register_ops", "register_models")
+
+
+def _register_vllm_gaudi_first() -> bool:
+    """Run vllm-gaudi's general plugins before ours, when vllm-gaudi is installed."""
+    if importlib.util.find_spec("vllm_gaudi") is None:
+        return False
+    import vllm_gaudi
+
+    for name in _GAUDI_PLUGIN_FUNCTIONS:
+        getattr(vllm_gaudi, name)()
+    return True
+
+
+def _register_models() -> None:
+    from vllm import ModelRegistry
+
+    for arch in models.ARCHITECTURES:
+        ModelRegistry.register_model(arch, models.LAZY_TARGET)
+
+
+def _install_config_guard() -> None:
+    """Run the start-up guards when vLLM builds a VllmConfig for an Inkling architecture.
+
+    VllmConfig.__post_init__ calls MODELS_CONFIG_MAP[architecture].verify_and_update_config (vLLM's
+    per-architecture config hook), in the API server before any weight is read, so a refused
+    configuration fails in seconds rather than after a 532 GB load.
+    """
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+    from inkling_hpu import guards
+
+    for arch in models.ARCHITECTURES:
+        previous = MODELS_CONFIG_MAP.get(arch)
+        if previous is not None and getattr(previous, "inkling_hpu_guard", False):
+            continue  # already installed in this process
+
+        class InklingHpuConfigGuard(VerifyAndUpdateConfig):
+            inkling_hpu_guard = True
+            _previous = previous
+
+            @classmethod
+            def verify_and_update_config(cls, vllm_config) -> None:
+                if cls._previous is not None:
+                    cls._previous.verify_and_update_config(vllm_config)
+                guards.check(guards.settings_from_vllm_config(vllm_config))
+
+        MODELS_CONFIG_MAP[arch] = InklingHpuConfigGuard
+
+
+def register() -> None:
+    """vLLM general plugin: register Inkling's HPU model class, its guards and parsers."""
+    with_gaudi = _register_vllm_gaudi_first()
+    _register_models()
+    _install_config_guard()
+    from inkling_hpu import parsers
+
+    parsers.register()
+    logger.debug("inkling_hpu registered %s -> %s (vllm-gaudi plugins %s)", models.ARCHITECTURES,
+                 models.LAZY_TARGET, "run first" if with_gaudi else "not installed")

@@ -1,0 +1,176 @@
+"""Start-up guards: refuse the serving configurations the port cannot run exactly.
+
+The port keeps Inkling's short-convolution state as snapshots tied to its 128-token KV blocks and
+to each request's own token stream (docs/caches.md). Configurations that break either assumption
+would not crash: they would silently compute wrong logits. So they are refused before any weight
+is read, with the reason and what to do instead.
+
+Pure Python, no torch / vLLM / Habana import: the checks take plain values (`ServingSettings`) and
+`settings_from_vllm_config` reads them from a real VllmConfig.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+logger = logging.getLogger("inkling_hpu")
+
+REQUIRED_BLOCK_SIZE = 128
+
+# vllm-gaudi's boolean env parser (vllm_gaudi/extension/config.py `boolean`): same spellings.
+_TRUE_WORDS = frozenset({"true", "t", "1", "yes", "y", "on"})
+
+
+class InklingConfigRefused(ValueError):
+    """The serving configuration cannot run Inkling exactly; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    block_size: int | None
+    contiguous_pa: bool
+    merged_prefill: bool
+    kv_cache_dtype: str
+    speculative_method: str | None
+    max_model_len: int
+    # The KV pool in blocks when it is already known (--num-gpu-blocks-override), else None.
+    num_blocks: int | None = None
+
+
+def _env_flag(environ: Mapping[str, str], name: str) -> bool | None:
+    value = environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip().lower() in _TRUE_WORDS
+
+
+def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | None = None,
+                              gaudi_runtime_config: Any = None) -> ServingSettings:
+    """Read the guarded settings from a vLLM VllmConfig and the vllm-gaudi environment.
+
+    `gaudi_runtime_config` is vllm-gaudi's `get_config()` result when the caller runs inside the
+    HPU worker (then its `use_contiguous_pa` / `merged_prefill` are authoritative). Without it the
+    two flags are derived from the environment with vllm-gaudi's rules (extension/features.py):
+    VLLM_CONTIGUOUS_PA when set, else on exactly when prefix caching is off; VLLM_MERGED_PREFILL
+    when set, else off.
+    """
+    environ = os.environ if environ is None else environ
+    cache = vllm_config.cache_config
+    if gaudi_runtime_config is not None:
+        contiguous_pa = bool(gaudi_runtime_config.use_contiguous_pa)
+        merged_prefill = bool(gaudi_runtime_config.merged_prefill)
+    else:
+        contiguous_pa = _env_flag(environ, "VLLM_CONTIGUOUS_PA")
+        if contiguous_pa is None:
+            contiguous_pa = not bool(cache.enable_prefix_caching)
+        merged_prefill = bool(_env_flag(environ, "VLLM_MERGED_PREFILL"))
+    spec = vllm_config.speculative_config
+    return ServingSettings(
+        block_size=cache.block_size,
+        contiguous_pa=contiguous_pa,
+        merged_prefill=merged_prefill,
+        kv_cache_dtype=str(cache.cache_dtype),
+        speculative_method=None if spec is None else str(getattr(spec, "method", None) or "speculative"),
+        max_model_len=int(vllm_config.model_config.max_model_len),
+        num_blocks=cache.num_gpu_blocks_override or cache.num_gpu_blocks,
+    )
+
+
+def refusals(settings: ServingSettings) -> list[str]:
+    """Every reason the settings cannot serve Inkling; empty when they can."""
+    reasons = []
+    if settings.block_size is not None and settings.block_size != REQUIRED_BLOCK_SIZE:
+        reasons.append(
+            f"block size: expected --block-size {REQUIRED_BLOCK_SIZE}, found {settings.block_size}. "
+            "The conv-state snapshots are taken at 128-token block boundaries and the local layers' "
+            "decode window is counted in 128-token blocks.")
+    if settings.contiguous_pa:
+        reasons.append(
+            "contiguous PA: expected VLLM_CONTIGUOUS_PA=false, found contiguous PA on "
+            "(VLLM_CONTIGUOUS_PA=true, or unset with prefix caching off). Contiguous PA fetches "
+            "blocks by id range; the local layers' decode window and the conv-state snapshots "
+            "address scattered block ids.")
+    if settings.merged_prefill:
+        reasons.append(
+            "merged prefill: expected VLLM_MERGED_PREFILL unset or false, found it on. Merged "
+            "prefill flattens several prompts into one sequence, and the short convolutions would "
+            "read taps across request boundaries instead of each request's conv-state snapshot.")
+    if settings.kv_cache_dtype.lower().startswith("fp8"):
+        reasons.append(
+            f"KV cache dtype: expected auto or bfloat16, found {settings.kv_cache_dtype}. The "
+            "conv-state snapshots live with the KV blocks and must stay bf16 (vLLM's own Inkling "
+            "forces its conv cache to the model dtype).")
+    if settings.speculative_method is not None:
+        reasons.append(
+            f"speculative decoding: expected none, found {settings.speculative_method}. Verifying "
+            "drafts needs the conv state at every draft position with rollback; the snapshots "
+            "exist only at block boundaries and at each request's last step.")
+    if settings.num_blocks is not None and settings.block_size is not None:
+        pool_reason = kv_pool_refusal(settings.num_blocks, settings.block_size, settings.max_model_len)
+        if pool_reason:
+            reasons.append(pool_reason)
+    return reasons
+
+
+def check(settings: ServingSettings) -> None:
+    """Raise InklingConfigRefused listing every reason, or return."""
+    reasons = refusals(settings)
+    if reasons:
+        raise InklingConfigRefused(
+            "Inkling-Small refuses to start: the conv-state snapshots cannot serve this "
+            "configuration.\n- " + "\n- ".join(reasons))
+
+
+def kv_pool_refusal(num_blocks: int, block_size: int, max_model_len: int) -> str | None:
+    """The memory guard: the pool must hold one max-length request."""
+    tokens = num_blocks * block_size
+    if tokens >= max_model_len:
+        return None
+    needed = math.ceil(max_model_len / block_size)
+    return (f"KV pool: expected at least {needed} blocks ({max_model_len} tokens, one request of "
+            f"--max-model-len), found {num_blocks} blocks = {tokens} tokens. Lower --max-model-len "
+            f"or give the pool {needed}+ blocks (--num-gpu-blocks-override); do not raise "
+            "--gpu-memory-utilization or lower VLLM_GRAPH_RESERVED_MEM for it.")
+
+
+def kv_groups_summary(kv_cache_groups: list[Any]) -> str:
+    """'FullAttentionSpecx42' for one group of 42 full-attention layers (vLLM KVCacheGroupSpec)."""
+    return ", ".join(f"{type(g.kv_cache_spec).__name__}x{len(g.layer_names)}" for g in kv_cache_groups)
+
+
+def kv_pool_line(num_blocks: int, block_size: int, max_model_len: int) -> str:
+    tokens = num_blocks * block_size
+    return (f"KV pool: {num_blocks} blocks = {tokens} tokens = "
+            f"{tokens / max_model_len:.2f} x max_model_len {max_model_len}")
+
+
+def check_kv_cache_config(kv_cache_config: Any, block_size: int, max_model_len: int,
+                          num_layers: int) -> str:
+    """Check the allocated KV cache (a vLLM KVCacheConfig) and return the start-up log line.
+
+    Expected: one KV group, every one of the model's `num_layers` layers a FullAttentionSpec at
+    `block_size`, and a pool that holds one max-length request.
+    """
+    groups = list(kv_cache_config.kv_cache_groups)
+    summary = kv_groups_summary(groups)
+    expected = f"FullAttentionSpecx{num_layers}"
+    if len(groups) != 1 or summary != expected:
+        raise InklingConfigRefused(
+            f"Inkling-Small refuses to start: KV groups: expected one group {expected}, found "
+            f"{len(groups)} ({summary}). Every layer keeps a full-attention spec at block size "
+            f"{block_size}; local layers apply their window inside attention.")
+    spec_block = groups[0].kv_cache_spec.block_size
+    if spec_block != block_size:
+        raise InklingConfigRefused(
+            f"Inkling-Small refuses to start: KV block size: expected {block_size}, found {spec_block} "
+            "in the KV cache spec.")
+    pool_reason = kv_pool_refusal(kv_cache_config.num_blocks, block_size, max_model_len)
+    if pool_reason:
+        raise InklingConfigRefused("Inkling-Small refuses to start: " + pool_reason)
+    line = (f"Inkling KV cache: {len(groups)} KV group ({summary}); "
+            f"{kv_pool_line(kv_cache_config.num_blocks, block_size, max_model_len)}")
+    logger.info(line)
+    return line

@@ -1,0 +1,267 @@
+"""Text-only loader for the TML Inkling checkpoint (`model.llm.*`).
+
+The checkpoint also carries the vision tower (`model.visual.*`), the audio tower (`model.audio.*`)
+and the MTP draft head (`model.mtp.*`). The port serves text only, so their bytes are never read:
+the loader parses each safetensors header (8-byte length + JSON), then reads only the byte ranges
+of the tensors it needs, and for a tensor-parallel rank only that rank's slice where the slice is
+contiguous (or a few large contiguous pieces).
+
+Safetensors layout: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape,
+data_offsets: [begin, end]}, "__metadata__": {...}}, then the data section; offsets are relative
+to the data section, row-major, no padding.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+TEXT_PREFIX = "model.llm."
+SKIPPED_PREFIXES = ("model.visual.", "model.audio.", "model.mtp.")
+
+SAFETENSORS_DTYPES = {
+    "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+
+# Strided shards (sharded on a dim > 0) are read piece by piece when each piece is at least this
+# big; smaller pieces would cost more in syscalls than reading the whole tensor once.
+MIN_STRIDED_PIECE_BYTES = 1 << 20
+# Upper bound on a sane header (safetensors itself refuses more than 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not hold what the model needs; the message names expected vs found."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lives: file and absolute byte range [begin, end)."""
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What the model expects for one checkpoint tensor (full, unsharded shape).
+
+    shard_dim None means every rank loads the whole tensor (replicated)."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: str | None = None
+    shard_dim: int | None = None
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """Parse one safetensors file's header; reads 8 + N bytes, never the data section."""
+    path = Path(path)
+    file_size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) != 8:
+            raise CheckpointError(f"{path}: expected a safetensors file (8-byte header length), "
+                                  f"found only {len(prefix)} bytes")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
+            raise CheckpointError(f"{path}: header length {header_len} does not fit the file "
+                                  f"({file_size} bytes): truncated or not safetensors")
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: header is not valid JSON ({exc})") from None
+    data_start = 8 + header_len
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            dtype, shape = info["dtype"], tuple(int(d) for d in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: header entry for {name!r} lacks dtype/shape/data_offsets: "
+                                  f"{info!r}") from None
+        entries[name] = TensorEntry(name, path, dtype, shape, data_start + begin, data_start + end)
+    return entries
+
+
+def _index_files(checkpoint_dir: Path) -> list[Path]:
+    """The checkpoint's shard files: those named by model.safetensors.index.json, else all."""
+    index = checkpoint_dir / "model.safetensors.index.json"
+    files: set[Path] = set()
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files.update(checkpoint_dir / f for f in weight_map.values())
+    # Files outside the index (e.g. mtp.safetensors) are still listed so their names are known.
+    files.update(checkpoint_dir.glob("*.safetensors"))
+    missing = sorted(str(f) for f in files if not f.is_file())
+    if missing:
+        raise CheckpointError(f"{checkpoint_dir}: the index names shard files that do not exist: {missing}")
+    if not files:
+        raise CheckpointError(f"{checkpoint_dir}: expected *.safetensors files, found none")
+    return sorted(files)
+
+
+def is_skipped(name: str) -> bool:
+    return name.startswith(SKIPPED_PREFIXES)
+
+
+class TextCheckpoint:
+    """The text tensors of a sharded safetensors checkpoint, located by header only."""
+
+    def __init__(self, checkpoint_dir: str | os.PathLike):
+        self.dir = Path(checkpoint_dir)
+        self.files = _index_files(self.dir)
+        self.text: dict[str, TensorEntry] = {}
+        self.skipped: dict[str, TensorEntry] = {}
+        unknown = []
+        for path in self.files:
+            for name, entry in read_header(path).items():
+                if name.startswith(TEXT_PREFIX):
+                    self.text[name] = entry
+                elif is_skipped(name):
+                    self.skipped[name] = entry
+                else:
+                    unknown.append(f"{name} ({path.name})")
+        if unknown:
+            raise CheckpointError(
+                f"{self.dir}: expected only {TEXT_PREFIX}* (text) and {', '.join(SKIPPED_PREFIXES)}* "
+                f"(skipped) tensors, found {len(unknown)} others, e.g. {unknown[:5]}")
+        for entry in self.text.values():
+            self._check_entry(entry)
+
+    def _check_entry(self, entry: TensorEntry) -> None:
+        if entry.dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{entry.name} ({entry.file.name}): dtype {entry.dtype} is not one of "
+                                  f"{sorted(SAFETENSORS_DTYPES)}")
+        itemsize = SAFETENSORS_DTYPES[entry.dtype].itemsize
+        expected = math.prod(entry.shape) * itemsize
+        if entry.nbytes != expected:
+            raise CheckpointError(f"{entry.name} ({entry.file.name}): shape {list(entry.shape)} {entry.dtype} "
+                                  f"needs {expected} bytes, the header gives {entry.nbytes}")
+        size = entry.file.stat().st_size
+        if entry.end > size:
+            raise CheckpointError(f"{entry.file}: truncated: {entry.name} needs bytes up to {entry.end}, "
+                                  f"the file has {size}")
+
+    @property
+    def text_bytes(self) -> int:
+        return sum(e.nbytes for e in self.text.values())
+
+    def entry(self, spec: TensorSpec) -> TensorEntry:
+        entry = self.text.get(spec.name)
+        if entry is None:
+            raise CheckpointError(f"missing tensor {spec.name} (expected shape {list(spec.shape)}): not in "
+                                  f"any of the {len(self.files)} files under {self.dir}")
+        if entry.shape != tuple(spec.shape):
+            raise CheckpointError(f"misshapen tensor {spec.name} in {entry.file.name}: expected shape "
+                                  f"{list(spec.shape)}, found {list(entry.shape)}")
+        if spec.dtype is not None and entry.dtype != spec.dtype:
+            raise CheckpointError(f"tensor {spec.name} in {entry.file.name}: expected dtype {spec.dtype}, "
+                                  f"found {entry.dtype}")
+        return entry
+
+    def load(self, specs: Iterable[TensorSpec] | None = None, rank: int = 0, world_size: int = 1,
+             allow_unexpected: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (checkpoint name, tensor) for the rank, in file order.
+
+        specs None loads every text tensor whole (no sharding checks). With specs, every spec
+        must be present with its shape, and (unless allow_unexpected) every text tensor of the
+        checkpoint must be asked for, so a config that does not match the checkpoint is refused
+        rather than half-loaded."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        if specs is None:
+            plan = [(e, None) for e in self.text.values()]
+        else:
+            specs = list(specs)
+            plan = [(self.entry(s), s) for s in specs]
+            if not allow_unexpected:
+                asked = {s.name for s in specs}
+                extra = sorted(set(self.text) - asked)
+                if extra:
+                    raise CheckpointError(f"{self.dir}: {len(extra)} text tensors the model does not expect, "
+                                          f"e.g. {extra[:5]}: the config does not match the checkpoint")
+        plan.sort(key=lambda item: (str(item[0].file), item[0].begin))
+        current_file, handle = None, None
+        try:
+            for entry, spec in plan:
+                if entry.file != current_file:
+                    if handle is not None:
+                        handle.close()
+                    handle = open(entry.file, "rb", buffering=0)
+                    current_file = entry.file
+                if spec is None or spec.shard_dim is None:
+                    tensor = _read_range(handle, entry, entry.begin, entry.end).view(entry.shape)
+                else:
+                    tensor = _read_shard(handle, entry, spec.shard_dim, rank, world_size)
+                yield entry.name, tensor
+        finally:
+            if handle is not None:
+                handle.close()
+
+
+def _read_into(handle, entry: TensorEntry, offset: int, out: memoryview) -> None:
+    done = 0
+    while done < len(out):
+        n = os.preadv(handle.fileno(), [out[done:]], offset + done)
+        if n == 0:
+            raise CheckpointError(f"{entry.file}: truncated while reading {entry.name}: got {done} of "
+                                  f"{len(out)} bytes at offset {offset}")
+        done += n
+
+
+def _read_range(handle, entry: TensorEntry, begin: int, end: int) -> torch.Tensor:
+    """Bytes [begin, end) of the file as a 1-D tensor of the entry's dtype."""
+    buf = torch.empty(end - begin, dtype=torch.uint8)
+    _read_into(handle, entry, begin, memoryview(buf.numpy()))
+    return buf.view(SAFETENSORS_DTYPES[entry.dtype])
+
+
+def _read_shard(handle, entry: TensorEntry, dim: int, rank: int, world_size: int) -> torch.Tensor:
+    shape = entry.shape
+    if not 0 <= dim < len(shape):
+        raise CheckpointError(f"{entry.name}: shard dim {dim} is out of range for shape {list(shape)}")
+    if shape[dim] % world_size:
+        raise CheckpointError(f"{entry.name}: dim {dim} of shape {list(shape)} is not divisible by the "
+                              f"tensor-parallel size {world_size}")
+    part = shape[dim] // world_size
+    itemsize = SAFETENSORS_DTYPES[entry.dtype].itemsize
+    inner = math.prod(shape[dim + 1:]) * itemsize          # bytes of one index along `dim`
+    outer = math.prod(shape[:dim])                         # contiguous pieces in the shard
+    piece, stride = part * inner, shape[dim] * inner
+    out_shape = shape[:dim] + (part,) + shape[dim + 1:]
+    first = entry.begin + rank * piece
+    if outer == 1:
+        return _read_range(handle, entry, first, first + piece).view(out_shape)
+    if piece >= MIN_STRIDED_PIECE_BYTES:
+        buf = torch.empty(outer * piece, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        for i in range(outer):
+            _read_into(handle, entry, first + i * stride, view[i * piece:(i + 1) * piece])
+        return buf.view(SAFETENSORS_DTYPES[entry.dtype]).view(out_shape)
+    whole = _read_range(handle, entry, entry.begin, entry.end).view(shape)
+    return whole.narrow(dim, rank * part, part).contiguous()
+
+
+def load_text_tensors(checkpoint_dir: str | os.PathLike, specs: Iterable[TensorSpec] | None = None,
+                      rank: int = 0, world_size: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
+    """Convenience: TextCheckpoint(checkpoint_dir).load(...)."""
+    return TextCheckpoint(checkpoint_dir).load(specs, rank=rank, world_size=world_size)

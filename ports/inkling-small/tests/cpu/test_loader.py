@@ -1,0 +1,204 @@
+"""Text-only loader on real safetensors files (written by the safetensors library itself)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from inkling_hpu.loader import CheckpointError, TensorSpec, TextCheckpoint
+
+H = 64
+SKIPPED_ELEMS = 1 << 22          # 8 MiB of bf16 per skipped tensor: reading any of it would show
+
+
+def _text_tensors(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    return {
+        "model.llm.embed.weight": rnd(96, H),
+        "model.llm.norm.weight": rnd(H),
+        "model.llm.layers.0.attn.wq_du.weight": rnd(8 * 16, H),
+        "model.llm.layers.0.attn.wo_ud.weight": rnd(H, 8 * 16),
+        "model.llm.layers.0.mlp.gate.bias": torch.randn(8, generator=gen),          # fp32
+        # Big enough that a dim-1 shard is read in >= 1 MiB pieces (strided path).
+        "model.llm.layers.0.mlp.experts.w13_weight": rnd(2, 8, 1 << 17),
+    }
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    text = _text_tensors(gen)
+    names = sorted(text)
+    # Text tensors split over two shards with a vision and an audio tensor between them, and the
+    # MTP head in its own file, as in the TML checkpoint.
+    shard1 = {n: text[n] for n in names[:3]}
+    shard1["model.visual.layers.linear_0.weight"] = torch.ones(SKIPPED_ELEMS, dtype=torch.bfloat16)
+    shard2 = {n: text[n] for n in names[3:]}
+    shard2["model.audio.encoder.weight"] = torch.ones(SKIPPED_ELEMS, dtype=torch.bfloat16)
+    mtp = {"model.mtp.layers.0.input_proj.weight": torch.ones(SKIPPED_ELEMS, dtype=torch.bfloat16)}
+    save_file(shard1, tmp_path / "model-00001-of-00002.safetensors")
+    save_file(shard2, tmp_path / "model-00002-of-00002.safetensors")
+    save_file(mtp, tmp_path / "mtp.safetensors")
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in shard1}
+    weight_map.update({n: "model-00002-of-00002.safetensors" for n in shard2})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return tmp_path, text
+
+
+def _rchar() -> int:
+    """Bytes this process read through read()/pread() so far (page cache included)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def test_loads_text_tensors_bit_exact_against_safe_open(checkpoint):
+    ckpt_dir, text = checkpoint
+    loaded = dict(TextCheckpoint(ckpt_dir).load())
+    assert sorted(loaded) == sorted(text)
+    for f in ckpt_dir.glob("model-*.safetensors"):
+        with safe_open(f, framework="pt") as st:
+            for name in st.keys():
+                if name in loaded:
+                    assert loaded[name].dtype == st.get_tensor(name).dtype
+                    assert torch.equal(loaded[name], st.get_tensor(name)), name
+
+
+def test_skipped_tensors_bytes_are_never_read(checkpoint):
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    assert sorted(ckpt.skipped) == ["model.audio.encoder.weight", "model.mtp.layers.0.input_proj.weight",
+                                    "model.visual.layers.linear_0.weight"]
+    skipped_bytes = sum(e.nbytes for e in ckpt.skipped.values())
+    before = _rchar()
+    loaded = list(ckpt.load())
+    read = _rchar() - before
+    assert len(loaded) == 6
+    # Every text byte once, plus a little for whatever else the interpreter read meanwhile.
+    assert ckpt.text_bytes <= read <= ckpt.text_bytes + (256 << 10), (read, ckpt.text_bytes)
+    assert skipped_bytes > 4 * ckpt.text_bytes
+
+
+def test_headers_alone_are_read_to_index_the_checkpoint(checkpoint):
+    ckpt_dir, _ = checkpoint
+    before = _rchar()
+    TextCheckpoint(ckpt_dir)
+    assert _rchar() - before < (64 << 10)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_tensor_parallel_shards_reassemble_the_full_tensor(checkpoint, world_size):
+    ckpt_dir, text = checkpoint
+    specs = [
+        TensorSpec("model.llm.embed.weight", (96, H)),                                  # replicated
+        TensorSpec("model.llm.norm.weight", (H,), dtype="BF16"),
+        TensorSpec("model.llm.layers.0.attn.wq_du.weight", (128, H), shard_dim=0),        # one range
+        TensorSpec("model.llm.layers.0.attn.wo_ud.weight", (H, 128), shard_dim=1),        # small pieces
+        TensorSpec("model.llm.layers.0.mlp.gate.bias", (8,), dtype="F32"),
+        TensorSpec("model.llm.layers.0.mlp.experts.w13_weight", (2, 8, 1 << 17), shard_dim=1),  # 1 MiB pieces
+    ]
+    ckpt = TextCheckpoint(ckpt_dir)
+    per_rank = [dict(ckpt.load(specs, rank=r, world_size=world_size)) for r in range(world_size)]
+    for spec in specs:
+        parts = [p[spec.name] for p in per_rank]
+        if spec.shard_dim is None:
+            assert all(torch.equal(p, text[spec.name]) for p in parts)
+        else:
+            assert parts[0].shape[spec.shard_dim] == spec.shape[spec.shard_dim] // world_size
+            assert torch.equal(torch.cat(parts, dim=spec.shard_dim), text[spec.name]), spec.name
+
+
+def test_dim0_shard_reads_only_its_slice(checkpoint):
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    spec = TensorSpec("model.llm.layers.0.mlp.experts.w13_weight", (2, 8, 1 << 17), shard_dim=0)
+    before = _rchar()
+    ((_, shard),) = ckpt.load([spec], rank=1, world_size=2, allow_unexpected=True)
+    read = _rchar() - before
+    assert shard.shape == (1, 8, 1 << 17)
+    assert shard.numel() * 2 <= read <= shard.numel() * 2 + (64 << 10)
+
+
+def test_missing_tensor_is_named(checkpoint):
+    ckpt_dir, _ = checkpoint
+    with pytest.raises(CheckpointError, match=r"missing tensor model\.llm\.layers\.1\.attn_norm\.weight "
+                                              r"\(expected shape \[64\]\)"):
+        list(TextCheckpoint(ckpt_dir).load([TensorSpec("model.llm.layers.1.attn_norm.weight", (H,))],
+                                           allow_unexpected=True))
+
+
+def test_misshapen_tensor_names_expected_and_found(checkpoint):
+    ckpt_dir, _ = checkpoint
+    with pytest.raises(CheckpointError, match=r"expected shape \[128, 32\], found \[128, 64\]"):
+        list(TextCheckpoint(ckpt_dir).load([TensorSpec("model.llm.layers.0.attn.wq_du.weight", (128, 32))],
+                                           allow_unexpected=True))
+
+
+def test_wrong_dtype_is_refused(checkpoint):
+    ckpt_dir, _ = checkpoint
+    with pytest.raises(CheckpointError, match="expected dtype F32, found BF16"):
+        list(TextCheckpoint(ckpt_dir).load([TensorSpec("model.llm.norm.weight", (H,), dtype="F32")],
+                                           allow_unexpected=True))
+
+
+def test_unexpected_text_tensors_are_refused(checkpoint):
+    ckpt_dir, _ = checkpoint
+    with pytest.raises(CheckpointError, match="5 text tensors the model does not expect"):
+        list(TextCheckpoint(ckpt_dir).load([TensorSpec("model.llm.norm.weight", (H,))]))
+
+
+def test_truncated_shard_is_refused_before_reading(checkpoint):
+    ckpt_dir, _ = checkpoint
+    shard = ckpt_dir / "model-00002-of-00002.safetensors"
+    os.truncate(shard, shard.stat().st_size - SKIPPED_ELEMS * 2 - 10)   # cuts into text tensors
+    with pytest.raises(CheckpointError, match=r"model-00002-of-00002\.safetensors: truncated: model\.llm\."):
+        TextCheckpoint(ckpt_dir)
+
+
+def test_file_truncated_after_indexing_fails_while_reading(checkpoint):
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    os.truncate(ckpt_dir / "model-00002-of-00002.safetensors", 1000)
+    with pytest.raises(CheckpointError, match="truncated while reading"):
+        list(ckpt.load())
+
+
+def test_garbage_header_length_is_refused(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes((10**12).to_bytes(8, "little") + b"{}")
+    with pytest.raises(CheckpointError, match="header length 1000000000000 does not fit the file"):
+        TextCheckpoint(tmp_path)
+
+
+def test_unknown_prefix_is_refused(tmp_path):
+    save_file({"model.llm.norm.weight": torch.ones(4), "lm_head.weight": torch.ones(4)},
+              tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"found 1 others, e.g. \['lm_head.weight"):
+        TextCheckpoint(tmp_path)
+
+
+def test_index_naming_a_missing_shard_is_refused(checkpoint):
+    ckpt_dir, _ = checkpoint
+    (ckpt_dir / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="shard files that do not exist"):
+        TextCheckpoint(ckpt_dir)
+
+
+def test_indivisible_shard_is_refused(checkpoint):
+    ckpt_dir, _ = checkpoint
+    spec = TensorSpec("model.llm.layers.0.attn.wq_du.weight", (128, H), shard_dim=0)
+    with pytest.raises(CheckpointError, match="not divisible by the tensor-parallel size 3"):
+        list(TextCheckpoint(ckpt_dir).load([spec], rank=0, world_size=3, allow_unexpected=True))
+
+
+def test_empty_directory_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match=r"expected \*\.safetensors files, found none"):
+        TextCheckpoint(tmp_path)
+
