@@ -125,15 +125,18 @@ def check(settings: ServingSettings) -> None:
 
 
 def kv_pool_refusal(num_blocks: int, block_size: int, max_model_len: int) -> str | None:
-    """The memory guard: the pool must hold one max-length request."""
-    tokens = num_blocks * block_size
-    if tokens >= max_model_len:
+    """The memory guard: the pool must hold one max-length request.
+
+    vLLM's BlockPool keeps block 0 as its null block, so a request can use num_blocks - 1."""
+    usable = (num_blocks - 1) * block_size
+    if usable >= max_model_len:
         return None
-    needed = math.ceil(max_model_len / block_size)
-    return (f"KV pool: expected at least {needed} blocks ({max_model_len} tokens, one request of "
-            f"--max-model-len), found {num_blocks} blocks = {tokens} tokens. Lower --max-model-len "
-            f"or give the pool {needed}+ blocks (--num-gpu-blocks-override); do not raise "
-            "--gpu-memory-utilization or lower VLLM_GRAPH_RESERVED_MEM for it.")
+    needed = math.ceil(max_model_len / block_size) + 1
+    return (f"KV pool: expected at least {needed} blocks ({max_model_len} tokens for one request of "
+            f"--max-model-len, plus vLLM's null block), found {num_blocks} blocks = "
+            f"{num_blocks * block_size} tokens. Lower --max-model-len or give the pool {needed}+ blocks "
+            "(--num-gpu-blocks-override); do not raise --gpu-memory-utilization or lower "
+            "VLLM_GRAPH_RESERVED_MEM for it.")
 
 
 def kv_groups_summary(kv_cache_groups: list[Any]) -> str:

@@ -1,0 +1,130 @@
+"""Start-up guards: the page's refusals, its memory guard and its start-up log line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+
+import pytest
+
+from inkling_hpu import guards
+from inkling_hpu.guards import InklingConfigRefused, ServingSettings
+
+# The page's launch block: --block-size 128, VLLM_CONTIGUOUS_PA=false, BF16 KV, no speculative
+# decoding, --max-model-len 262144, --num-gpu-blocks-override 2560.
+PAGE = ServingSettings(block_size=128, contiguous_pa=False, merged_prefill=False, kv_cache_dtype="auto",
+                       speculative_method=None, max_model_len=262144, num_blocks=2560)
+
+
+def test_page_launch_settings_pass():
+    assert guards.refusals(PAGE) == []
+    guards.check(PAGE)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(block_size=16, num_blocks=None), "expected --block-size 128, found 16"),
+    (dict(block_size=256, num_blocks=None), "expected --block-size 128, found 256"),
+    (dict(contiguous_pa=True), "contiguous PA: expected VLLM_CONTIGUOUS_PA=false"),
+    (dict(merged_prefill=True), "merged prefill: expected VLLM_MERGED_PREFILL unset or false"),
+    (dict(kv_cache_dtype="fp8"), "expected auto or bfloat16, found fp8"),
+    (dict(kv_cache_dtype="fp8_e4m3"), "expected auto or bfloat16, found fp8_e4m3"),
+    (dict(speculative_method="ngram"), "speculative decoding: expected none, found ngram"),
+    (dict(num_blocks=2048), "expected at least 2049 blocks (262144 tokens"),
+])
+def test_each_forbidden_setting_is_refused_with_its_reason(change, expected):
+    settings = replace(PAGE, **change)
+    with pytest.raises(InklingConfigRefused) as err:
+        guards.check(settings)
+    message = str(err.value)
+    assert "the conv-state snapshots cannot serve this configuration" in message
+    assert expected in message
+    assert len(guards.refusals(settings)) == 1
+
+
+def test_all_reasons_are_listed_at_once():
+    settings = replace(PAGE, block_size=64, contiguous_pa=True, merged_prefill=True, kv_cache_dtype="fp8",
+                       speculative_method="eagle", num_blocks=10)
+    assert len(guards.refusals(settings)) == 6
+
+
+def test_memory_guard_boundary():
+    # Block 0 is vLLM's null block: 2049 blocks hold exactly one 262144-token request.
+    assert guards.kv_pool_refusal(2049, 128, 262144) is None
+    assert guards.kv_pool_refusal(2048, 128, 262016) is None
+    assert "expected at least 2049 blocks" in guards.kv_pool_refusal(2048, 128, 262144)
+    assert "found 2048 blocks = 262144 tokens" in guards.kv_pool_refusal(2048, 128, 262144)
+
+
+def test_pool_unknown_at_config_time_is_not_guessed():
+    assert guards.refusals(replace(PAGE, num_blocks=None)) == []
+
+
+def test_kv_pool_line_is_the_page_line():
+    assert guards.kv_pool_line(2560, 128, 262144) == \
+        "KV pool: 2560 blocks = 327680 tokens = 1.25 x max_model_len 262144"
+
+
+@pytest.mark.parametrize("env, prefix_caching, expected", [
+    ({"VLLM_CONTIGUOUS_PA": "false"}, False, False),
+    ({"VLLM_CONTIGUOUS_PA": "true"}, True, True),
+    ({"VLLM_CONTIGUOUS_PA": "1"}, True, True),
+    ({}, True, False),          # vllm-gaudi default: contiguous PA only without prefix caching
+    ({}, False, True),
+])
+def test_contiguous_pa_follows_vllm_gaudi_rules(env, prefix_caching, expected):
+    class Cache:
+        block_size, cache_dtype, num_gpu_blocks_override, num_gpu_blocks = 128, "auto", 2560, None
+        enable_prefix_caching = prefix_caching
+
+    class Model:
+        max_model_len = 262144
+
+    class Config:
+        cache_config, model_config, speculative_config = Cache, Model, None
+
+    assert guards.settings_from_vllm_config(Config, environ=env).contiguous_pa is expected
+
+
+def _run_with_vllm(vllm_src, port_dir, code: str, env_extra: dict | None = None) -> dict:
+    env = dict(os.environ, PYTHONPATH=f"{port_dir}{os.pathsep}{vllm_src}", VLLM_TARGET_DEVICE="cpu",
+               **(env_extra or {}))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_kv_cache_config_check_with_real_vllm_specs(vllm_src, port_dir):
+    """One KV group of 42 FullAttentionSpec layers at block 128: the page's start-up line."""
+    out = _run_with_vllm(vllm_src, port_dir, """
+        import json, torch
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                                SlidingWindowSpec)
+        from inkling_hpu import guards
+        spec = FullAttentionSpec(block_size=128, num_kv_heads=1, head_size=128, dtype=torch.bfloat16)
+        layers = [f"model.layers.{i}.attn" for i in range(42)]
+        good = KVCacheConfig(num_blocks=2560, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)])
+        result = {"line": guards.check_kv_cache_config(good, 128, 262144, 42)}
+        small = KVCacheConfig(num_blocks=1000, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)])
+        swa = SlidingWindowSpec(block_size=128, num_kv_heads=1, head_size=128, dtype=torch.bfloat16,
+                                sliding_window=512)
+        split = KVCacheConfig(num_blocks=2560, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(layers[:7], spec), KVCacheGroupSpec(layers[7:], swa)])
+        for key, cfg in (("small", small), ("split", split)):
+            try:
+                guards.check_kv_cache_config(cfg, 128, 262144, 42)
+                result[key] = None
+            except guards.InklingConfigRefused as exc:
+                result[key] = str(exc)
+        print(json.dumps(result))
+    """)
+    assert out["line"] == ("Inkling KV cache: 1 KV group (FullAttentionSpecx42); "
+                           "KV pool: 2560 blocks = 327680 tokens = 1.25 x max_model_len 262144")
+    assert "expected at least 2049 blocks (262144 tokens" in out["small"]
+    assert "found 1000 blocks = 128000 tokens" in out["small"]
+    assert ("KV groups: expected one group FullAttentionSpecx42, found 2 "
+            "(FullAttentionSpecx7, SlidingWindowSpecx35)") in out["split"]
