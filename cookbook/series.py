@@ -210,15 +210,12 @@ def run(profile: Profile, roots: dict[str, Path], names: list[str], mode: str = 
     report carries the exit code and the reason."""
     assert mode in MODES
     report = RunReport(profile=profile.name, mode=mode, scope=sorted(roots))
-    writes = mode in ("apply", "revert")
     fixes = [profile.load_fix(n) for n in names]
     check_requirements(profile, fixes)
     try:
-        if writes:
-            with journal.locked(roots.values()):
-                report.recovered = journal.recover(roots.values())
-                _run_locked(profile, roots, fixes, mode, strict, check_pin, report)
-        else:
+        # Every run, even a dry one, first undoes a run that was interrupted on these trees.
+        with journal.locked(roots.values()):
+            report.recovered = journal.recover(roots.values())
             _run_locked(profile, roots, fixes, mode, strict, check_pin, report)
     except CookbookError as exc:
         report.exit_code, report.error = exc.exit_code, str(exc)

@@ -1,0 +1,61 @@
+# Gaudi cookbook for Inkling-Small. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+# The cached test virtualenv (torch CPU + vLLM 0.30.0's requirements); built on first use.
+VENV_PY = $$(bash tools/test_env.sh)/bin/python
+# vLLM source: the pinned PyPI sdist (downloaded once, sha256-checked). vllm-gaudi: VLLM_GAUDI_SRC.
+VLLM_SRC = $$($(PYTHON) -m cookbook.upstream 0.30.0)
+GAUDI_SRC = $$(bash tools/vllm_gaudi_src.sh)
+PROFILE ?= v0.30.0
+PYTEST_ARGS ?=
+
+.PHONY: help demo check test bench image clean
+
+help:
+	@echo "make demo    apply profile $(PROFILE)'s vLLM fixes to a fresh copy of the vLLM v0.30.0 sdist"
+	@echo "make check   verify every patch of every profile applies to the sources available"
+	@echo "make test    make check, then the whole test suite (pytest in the cached virtualenv)"
+	@echo "make bench   run the benchmarks under benchmarks/"
+	@echo "make image   BASE=<stock v0.30.0 image> TAG=<new tag>: build the port image on a checked base"
+
+# The quick start: the main job on a built-in default.
+demo:
+	@venv=$$(bash tools/test_env.sh); src=$(VLLM_SRC); demo=build/demo; \
+	rm -rf $$demo && mkdir -p $$demo && cp -r $$src/vllm $$demo/ && \
+	echo "vLLM v0.30.0 sdist copied to $$demo; applying profile $(PROFILE) (vLLM fixes):" && \
+	$$venv/bin/python fixes/apply_all.py --profile $(PROFILE) --vllm-root $$demo --target vllm vllm-long-prefill-share && \
+	echo "second run (idempotent):" && \
+	$$venv/bin/python fixes/apply_all.py --profile $(PROFILE) --vllm-root $$demo --target vllm vllm-long-prefill-share
+
+check:
+	@venv=$$(bash tools/test_env.sh); src=$(VLLM_SRC); gaudi=$(GAUDI_SRC); \
+	for profile in profiles/*.yaml ports/inkling-small/patches/port.yaml; do \
+	  [ -f "$$profile" ] || continue; \
+	  targets=$$($$venv/bin/python -c "import sys; sys.path.insert(0,'.'); from cookbook.api import load_profile; print(' '.join(load_profile('$$profile').targets))"); \
+	  args=""; \
+	  for t in $$targets; do \
+	    case $$t in \
+	      vllm) args="$$args --target vllm --vllm-root $$src";; \
+	      vllm-gaudi) if [ -n "$$gaudi" ]; then args="$$args --target vllm-gaudi --vllm-gaudi-root $$gaudi"; \
+	                  else echo "check: $$profile: vllm-gaudi skipped (VLLM_GAUDI_SRC unset)"; fi;; \
+	    esac; \
+	  done; \
+	  echo "== verify $$profile:$$args"; \
+	  $$venv/bin/python fixes/apply_all.py verify --profile $$profile $$args; \
+	done
+
+test: check
+	@venv=$$(bash tools/test_env.sh); gaudi=$(GAUDI_SRC); \
+	if [ -n "$$gaudi" ]; then export VLLM_GAUDI_SRC=$$gaudi; else echo "test: VLLM_GAUDI_SRC unset: vllm-gaudi tests will skip"; fi; \
+	$$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+bench:
+	@venv=$$(bash tools/test_env.sh); for b in benchmarks/*.py; do echo "== $$b"; $$venv/bin/python $$b; done
+
+image:
+	@test -n "$(BASE)" -a -n "$(TAG)" || { echo "usage: make image BASE=<stock releases/v0.30.0 image> TAG=<port image tag>"; exit 3; }
+	@venv=$$(bash tools/test_env.sh); $$venv/bin/python -m builder build --profile $(PROFILE) --base "$(BASE)" --tag "$(TAG)"
+
+clean:
+	rm -rf build
