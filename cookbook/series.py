@@ -106,12 +106,13 @@ class Scratch:
         path = self.dir / target / rel
         return path.read_bytes() if path.is_file() else None
 
-    def git_apply(self, target: str, patch: Path, *flags: str) -> tuple[bool, str]:
+    def git_apply(self, target: str, patches: list[Path], *flags: str) -> tuple[bool, str]:
+        """One `git apply` of the patches in order: all or nothing, zero fuzz."""
         workdir = self.dir / target
         workdir.mkdir(exist_ok=True)
         env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(self.dir))
         status, _out, err = git.cmd.Git(str(workdir)).execute(
-            ["git", "apply", *flags, str(patch)], env=env,
+            ["git", "apply", *flags, *map(str, patches)], env=env,
             with_extended_output=True, with_exceptions=False)
         return status == 0, err
 
@@ -270,16 +271,22 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
     scratch = Scratch(roots, files)
     try:
         ordered = list(reversed(report.fixes)) if mode == "revert" else report.fixes
-        for result in ordered:
-            if result.status:
-                continue
-            for presult in result.patches:
-                _one_patch(scratch, parsed[(result.name, presult.target)], presult, mode, strict)
-            statuses = {p.status for p in result.patches}
+        pending = [r for r in ordered if not r.status]
+        for target in sorted(scope):
+            items = [(p, parsed[(r.name, target)]) for r in pending for p in r.patches if p.target == target]
+            if not _whole_series(scratch, target, items, mode):
+                for presult, patch in items:
+                    _one_patch(scratch, patch, presult, mode, strict)
+                    if presult.status == "failed":
+                        break
+        for result in pending:
             failed = [p for p in result.patches if p.status == "failed"]
             if failed:
                 result.status, result.reason = "failed", "; ".join(p.reason for p in failed)
                 raise FixRefused(f"{result.name}: {result.reason}; nothing was written")
+            statuses = {p.status for p in result.patches}
+            if "" in statuses:  # an earlier fix on the same target failed first
+                continue
             result.status = statuses.pop() if len(statuses) == 1 else (
                 "patched" if mode != "revert" else "reverted")
             result.reason = "; ".join(p.reason for p in result.patches if p.reason)
@@ -294,11 +301,57 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
         scratch.close()
 
 
+def _exact_chain(scratch: Scratch, target: str, items, state: str) -> bool:
+    """Is the series exact: does each patch's pre-image blob equal the file as the earlier patches
+    leave it, starting from the file as it is ("pre") or ending at it ("post")?"""
+    files: dict[str, list] = {}
+    for _presult, patch in items:
+        for change in patch.changes:
+            for rel in {change.old_path, change.new_path} - {None}:
+                files.setdefault(rel, []).append(change)
+    for rel, changes in files.items():
+        data = scratch.original[(target, rel)]
+        blob = patchfile.blob_id(data) if data is not None else None
+        chain = [(c.pre_blob, c.post_blob) for c in changes]
+        if any(chain[k][0] != chain[k - 1][1] for k in range(1, len(chain))):
+            return False
+        if blob != (chain[0][0] if state == "pre" else chain[-1][1]):
+            return False
+    return True
+
+
+def _whole_series(scratch: Scratch, target: str, items, mode: str) -> bool:
+    """Fast path: when the series is exact on the files as they are, one `git apply` of all its
+    patches (or one reverse check) answers for every fix. Otherwise the caller goes patch by patch
+    (which also finds which hunk failed)."""
+    if not items:
+        return True
+    ordered = [patch.path for _p, patch in items]
+    if mode == "revert":
+        done, undone = "reverted", "not applied"
+        if _exact_chain(scratch, target, items[::-1], "post") and scratch.git_apply(target, ordered, "-R")[0]:
+            status = done
+        elif _exact_chain(scratch, target, items[::-1], "pre") and scratch.git_apply(target, ordered[::-1], "--check")[0]:
+            status = undone
+        else:
+            return False
+    else:
+        if _exact_chain(scratch, target, items, "pre") and scratch.git_apply(target, ordered)[0]:
+            status = "patched"
+        elif _exact_chain(scratch, target, items, "post") and scratch.git_apply(target, ordered[::-1], "-R", "--check")[0]:
+            status = "already applied"
+        else:
+            return False
+    for presult, _patch in items:
+        presult.status, presult.exact = status, True
+    return True
+
+
 def _one_patch(scratch: Scratch, parsed: patchfile.ParsedPatch, result: PatchResult, mode: str,
                strict: bool) -> None:
     target, path = result.target, parsed.path
     forward, reverse = ("-R",) if mode == "revert" else (), () if mode == "revert" else ("-R",)
-    ok, err = scratch.git_apply(target, path, "--check", *forward)
+    ok, err = scratch.git_apply(target, [path], "--check", *forward)
     if ok:
         result.exact, why = _blobs_match(scratch, target, parsed, "post" if mode == "revert" else "pre")
         if not result.exact:
@@ -306,10 +359,10 @@ def _one_patch(scratch: Scratch, parsed: patchfile.ParsedPatch, result: PatchRes
                 result.status, result.reason = "failed", f"applies only by context (--strict): {why}"
                 return
             result.reason = f"applies by context: {why}"
-        scratch.git_apply(target, path, *forward)
+        scratch.git_apply(target, [path], *forward)
         result.status = "reverted" if mode == "revert" else "patched"
         return
-    ok_reverse, _ = scratch.git_apply(target, path, "--check", *reverse)
+    ok_reverse, _ = scratch.git_apply(target, [path], "--check", *reverse)
     if ok_reverse:
         result.exact, _why = _blobs_match(scratch, target, parsed, "pre" if mode == "revert" else "post")
         result.status = "not applied" if mode == "revert" else "already applied"
