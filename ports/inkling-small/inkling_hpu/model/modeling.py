@@ -1,0 +1,476 @@
+"""Inkling text backbone in plain PyTorch, shaped for HPU graphs (no Triton, no CUDA).
+
+Names mirror transformers 5.24.0's `models/inkling/modeling_inkling.py` where the math is the same;
+the differences are the fused `qkvr_proj`, interleaved SwiGLU weights (as in the checkpoint), and a
+forward over flattened tokens with paged KV and per-request conv state (see metadata.py and
+docs/caches.md). Gathers use index_select; every shape follows from the step's padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
+from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
+from inkling_hpu.model.knobs import Knobs, read_knobs
+from inkling_hpu.model.metadata import CONV_STREAMS, StepMetadata
+
+# Parameters kept in fp32 whatever the model dtype (as transformers' _keep_in_fp32_modules_strict).
+KEEP_FP32_SUFFIXES = (
+    "k_sconv.weight", "v_sconv.weight", "attn_sconv.weight", "mlp_sconv.weight",
+    "gate.e_score_correction_bias", "gate.global_scale",
+)
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+@dataclass
+class TensorParallel:
+    """This rank's place in the tensor-parallel group and its collectives (identity for one rank)."""
+
+    rank: int = 0
+    size: int = 1
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
+    all_gather_last_dim: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    def split(self, total: int, what: str) -> int:
+        if total % self.size:
+            raise InklingConfigError(f"{what} ({total}) is not divisible by tensor-parallel size {self.size}")
+        return total // self.size
+
+
+@dataclass
+class LayerCache:
+    key: torch.Tensor                    # [num_blocks, block_size, kv_heads, head_dim]
+    value: torch.Tensor                  # [num_blocks, block_size, kv_heads, head_dim]
+    conv: dict[str, torch.Tensor] = field(default_factory=dict)   # stream -> [slots, W-1, channels]
+
+
+@dataclass
+class InklingCaches:
+    block_size: int
+    layers: list[LayerCache]
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------------
+class InklingRMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) in fp32, cast back, times the weight (no 1 + w)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class InklingNormedEmbedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int, eps: float, use_embed_norm: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.embed_norm = InklingRMSNorm(embedding_dim, eps) if use_embed_norm else None
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedded = self.weight.index_select(0, input_ids)
+        return self.embed_norm(embedded) if self.embed_norm is not None else embedded
+
+
+class InklingShortConvolution(nn.Module):
+    """y[p] = x[p] + sum_k w[c, k] * x[p - (W-1) + k], causal per request, fp32, with per-request state.
+
+    The W-1 taps before each token come from this step's tokens of the same request or from the
+    request's conv-state slot; the metadata says which (conv_tap_index). After the step, each
+    request's slot holds its last W-1 inputs (conv_state_source).
+    """
+
+    def __init__(self, channels: int, kernel_size: int) -> None:
+        super().__init__()
+        self.channels = channels
+        self.kernel_size = kernel_size
+        self.weight = nn.Parameter(torch.zeros(channels, 1, kernel_size, dtype=torch.float32))
+
+    def forward(self, hidden_states: torch.Tensor, state: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+        num_tokens, channels = hidden_states.shape
+        taps = self.kernel_size - 1
+        previous = state.index_select(0, meta.conv_slots).reshape(-1, channels)
+        source = torch.cat([hidden_states.to(state.dtype), previous, state.new_zeros(1, channels)])
+        window = source.index_select(0, meta.conv_tap_index.reshape(-1)).view(num_tokens, taps, channels)
+        new_state = source.index_select(0, meta.conv_state_source.reshape(-1)).view(-1, taps, channels)
+        state.index_copy_(0, meta.conv_slots, new_state)
+
+        inputs = hidden_states.float()
+        window = torch.cat([window.float(), inputs[:, None, :]], dim=1)             # [T, W, C]
+        taps_weight = self.weight.view(channels, self.kernel_size).float().t()       # [W, C]
+        convolved = (window * taps_weight[None]).sum(dim=1)
+        return (convolved + inputs).to(hidden_states.dtype)
+
+
+class InklingRelativeLogits(nn.Module):
+    """Per token and head, a bias for each backward distance: relative_states @ proj."""
+
+    def __init__(self, d_rel: int, rel_extent: int) -> None:
+        super().__init__()
+        self.rel_extent = rel_extent
+        self.proj = nn.Parameter(torch.empty(d_rel, rel_extent))
+
+    def forward(self, relative_states: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+        # relative_states: [G, Lc, H, d_rel] -> bias [G, H, Lc, S] gathered by distance
+        rel_logits = relative_states @ self.proj                                     # [G, Lc, H, E]
+        if plan.tau is not None:
+            rel_logits = (rel_logits.float() * plan.tau[:, :, None, None]).to(rel_logits.dtype)
+        flat = rel_logits.permute(0, 2, 1, 3).reshape(-1)
+        bias = flat.index_select(0, plan.bias_index.reshape(-1)).view(plan.bias_index.shape)
+        return bias.masked_fill(~plan.bias_valid, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------------
+class InklingAttention(nn.Module):
+    """Relative-position attention over the paged KV cache (base of the two layer kinds)."""
+
+    is_sliding = False
+
+    def __init__(self, config: InklingPortConfig, layer_idx: int, tp: TensorParallel) -> None:
+        super().__init__()
+        heads, kv_heads, head_dim = config.attention_shape(layer_idx)
+        if kv_heads % tp.size:
+            raise InklingConfigError(
+                f"layer {layer_idx}: {kv_heads} kv heads cannot be split over tensor-parallel size {tp.size}; "
+                "the conv state of K and V is per kv head, so kv heads are never replicated")
+        self.layer_idx = layer_idx
+        self.tp = tp
+        self.num_heads = tp.split(heads, "query heads")
+        self.num_key_value_heads = kv_heads // tp.size
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.head_dim = head_dim
+        self.d_rel = config.d_rel
+        # q/k are RMS-normalised per head, hence 1/d rather than 1/sqrt(d)
+        self.scaling = 1.0 / head_dim
+        self.rel_extent = config.rel_extent_of(layer_idx)
+        self.kind = AttentionKind(
+            num_heads=self.num_heads,
+            window=config.sliding_window_size if self.is_sliding else None,
+            rel_extent=self.rel_extent,
+            log_scaling_n_floor=None if self.is_sliding else config.log_scaling_n_floor,
+            log_scaling_alpha=config.log_scaling_alpha,
+        )
+        q_size = self.num_heads * head_dim
+        kv_size = self.num_key_value_heads * head_dim
+        r_size = self.num_heads * config.d_rel
+        self.split_sizes = (q_size, kv_size, kv_size, r_size)
+        # fused projection, output rows [Q | K | V | R] (checkpoint wq_du, wk_dv, wv_dv, wr_du)
+        self.qkvr_proj = nn.Linear(config.hidden_size, sum(self.split_sizes), bias=False)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.k_sconv = InklingShortConvolution(kv_size, config.conv_kernel_size)
+        self.v_sconv = InklingShortConvolution(kv_size, config.conv_kernel_size)
+        self.q_norm = InklingRMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.k_norm = InklingRMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.rel_logits_proj = InklingRelativeLogits(config.d_rel, self.rel_extent)
+
+    def forward(self, hidden_states: torch.Tensor, meta: StepMetadata, cache: LayerCache,
+                plans: list[list[ChunkPlan]] | None, knobs: Knobs) -> torch.Tensor:
+        num_tokens = hidden_states.shape[0]
+        query, key, value, relative = self.qkvr_proj(hidden_states).split(self.split_sizes, dim=-1)
+        key = self.k_sconv(key, cache.conv["k"], meta)
+        value = self.v_sconv(value, cache.conv["v"], meta)
+        query = self.q_norm(query.reshape(num_tokens, self.num_heads, self.head_dim))
+        key = self.k_norm(key.reshape(num_tokens, self.num_key_value_heads, self.head_dim))
+        value = value.reshape(num_tokens, self.num_key_value_heads, self.head_dim)
+        relative = relative.reshape(num_tokens, self.num_heads, self.d_rel)
+
+        # write this step's keys/values first: every query then reads its keys from the cache
+        kv_rows = cache.key.view(-1, self.num_key_value_heads, self.head_dim)
+        kv_rows.index_copy_(0, meta.slot_mapping, key.to(cache.key.dtype))
+        cache.value.view(-1, self.num_key_value_heads, self.head_dim).index_copy_(
+            0, meta.slot_mapping, value.to(cache.value.dtype))
+
+        if plans is None:
+            plans = plan_step(meta.groups, self.kind, meta.block_size, knobs)
+        outputs = []
+        for group, group_plans in zip(meta.groups, plans):
+            rows = group.token_index.reshape(-1)
+            shape = (group.num_requests, group.num_rows)
+            group_query = query.index_select(0, rows).view(*shape, self.num_heads, self.head_dim)
+            group_relative = relative.index_select(0, rows).view(*shape, self.num_heads, self.d_rel)
+            chunks = [self._attend_chunk(group_query[:, p.row_start:p.row_end],
+                                         group_relative[:, p.row_start:p.row_end], cache, p)
+                      for p in group_plans]
+            outputs.append(torch.cat(chunks, dim=1).reshape(-1, self.num_heads * self.head_dim))
+        attn_output = torch.cat(outputs).index_select(0, meta.output_index)
+        return self.tp.all_reduce(self.o_proj(attn_output))
+
+    def _attend_chunk(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
+                      plan: ChunkPlan) -> torch.Tensor:
+        num_requests, rows = query.shape[:2]
+        kv_heads, groups, head_dim = self.num_key_value_heads, self.num_key_value_groups, self.head_dim
+        if plan.tau is not None:   # log scaling (global layers), applied in fp32 as the reference does
+            query = (query.float() * plan.tau[:, :, None, None]).to(query.dtype)
+        bias = self.rel_logits_proj(relative, plan)                                   # [G, H, Lc, S]
+
+        keys = cache.key.index_select(0, plan.block_index).view(num_requests, plan.num_keys, kv_heads, head_dim)
+        values = cache.value.index_select(0, plan.block_index).view(num_requests, plan.num_keys, kv_heads, head_dim)
+        # GQA without repeating K/V: head h = kv * groups + g uses kv head h // groups
+        query = query.view(num_requests, rows, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
+        query = query.reshape(num_requests, kv_heads, groups * rows, head_dim)
+        scores = torch.matmul(query, keys.permute(0, 2, 3, 1).to(query.dtype)) * self.scaling
+        scores = scores.view(num_requests, self.num_heads, rows, plan.num_keys) + bias
+        scores = scores.masked_fill(plan.masked, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        probs = probs.view(num_requests, kv_heads, groups * rows, plan.num_keys)
+        out = torch.matmul(probs, values.permute(0, 2, 1, 3).to(query.dtype))       # [G, KV, g*Lc, D]
+        out = out.view(num_requests, kv_heads, groups, rows, head_dim).permute(0, 3, 1, 2, 4)
+        return out.reshape(num_requests, rows, self.num_heads * head_dim)
+
+
+class InklingSlidingAttention(InklingAttention):
+    """Local layers: window sliding_window_size, bias over the whole window, no log scaling."""
+
+    is_sliding = True
+
+
+class InklingFullAttention(InklingAttention):
+    """Global layers: every earlier key, bias over the last rel_extent keys, log scaling tau."""
+
+    is_sliding = False
+
+
+# --------------------------------------------------------------------------------------------------
+# MLP and MoE
+# --------------------------------------------------------------------------------------------------
+def interleaved_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u over interleaved rows g0, u0, g1, u1, ... (the checkpoint's w13 layout)."""
+    return F.silu(gate_up[..., 0::2]) * gate_up[..., 1::2]
+
+
+class InklingMLP(nn.Module):
+    """Dense SwiGLU MLP (layers below dense_mlp_idx)."""
+
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        self.tp = tp
+        width = tp.split(config.dense_intermediate_size, "dense_intermediate_size")
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * width, bias=False)    # interleaved rows
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
+        self.global_scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = self.down_proj(interleaved_swiglu(self.gate_up_proj(hidden_states)))
+        return self.tp.all_reduce(out) * self.global_scale
+
+
+class InklingTopkRouter(nn.Module):
+    """sigmoid + bias selects top-k; weights = softmax(logsigmoid(logits of k routed + S sinks)) * scales."""
+
+    def __init__(self, config: InklingPortConfig) -> None:
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        self.n_shared_experts = config.n_shared_experts
+        self.top_k = config.num_experts_per_tok
+        self.route_scale = config.route_scale
+        self.weight = nn.Parameter(torch.empty(self.num_experts + self.n_shared_experts, config.hidden_size))
+        self.global_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
+        self.register_buffer("e_score_correction_bias", torch.zeros(self.num_experts, dtype=torch.float32))
+
+    def forward(self, hidden_states: torch.Tensor):
+        # routing in fp32 so distinct scores do not round to ties before top-k
+        router_logits = F.linear(hidden_states.float(), self.weight.float())
+        routed_logits = router_logits[:, : self.num_experts]
+        shared_logits = router_logits[:, self.num_experts:]
+        choice = routed_logits.sigmoid() + self.e_score_correction_bias.float()
+        topk_indices = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
+        topk_logits = torch.cat([routed_logits.gather(-1, topk_indices), shared_logits], dim=-1)
+        log_probs = F.logsigmoid(topk_logits)
+        weights = torch.exp(log_probs - torch.logsumexp(log_probs, dim=-1, keepdim=True))
+        weights = (weights * self.route_scale * self.global_scale.float()).to(hidden_states.dtype)
+        return weights[:, : self.top_k], topk_indices, weights[:, self.top_k:]
+
+
+class InklingExperts(nn.Module):
+    """Routed SwiGLU experts, TP-sharded on the intermediate dim.
+
+    The plain path loops over every expert with a dense [tokens, experts] combine matrix: static
+    shapes, no data-dependent control flow. `fused_moe` lets the HPU glue substitute a fused op with
+    signature (hidden, w13_interleaved, w2, topk_indices, topk_weights) -> output.
+    """
+
+    fused_moe: Callable | None = None
+
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        width = tp.split(config.moe_intermediate_size, "MoE intermediate_size")
+        self.num_experts = config.n_routed_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * width, config.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, width))
+
+    def forward(self, hidden_states: torch.Tensor, topk_indices: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        if self.fused_moe is not None:
+            return self.fused_moe(hidden_states, self.gate_up_proj, self.down_proj, topk_indices, topk_weights)
+        combine = hidden_states.new_zeros(hidden_states.shape[0], self.num_experts)
+        combine.scatter_(1, topk_indices, topk_weights.to(combine.dtype))
+        out = torch.zeros_like(hidden_states)
+        for expert in range(self.num_experts):
+            activated = interleaved_swiglu(F.linear(hidden_states, self.gate_up_proj[expert]))
+            out = out + F.linear(activated, self.down_proj[expert]) * combine[:, expert:expert + 1]
+        return out
+
+
+class InklingSharedExperts(nn.Module):
+    """Shared ("sink") experts, each weighted by its router gamma."""
+
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        width = tp.split(config.moe_intermediate_size, "MoE intermediate_size")
+        self.n_shared_experts = config.n_shared_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(self.n_shared_experts, 2 * width, config.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(self.n_shared_experts, config.hidden_size, width))
+
+    def forward(self, hidden_states: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for expert in range(self.n_shared_experts):
+            activated = interleaved_swiglu(F.linear(hidden_states, self.gate_up_proj[expert]))
+            outs.append(F.linear(activated * gammas[:, expert:expert + 1], self.down_proj[expert]))
+        return torch.stack(outs).float().sum(dim=0).to(hidden_states.dtype)
+
+
+class InklingMoE(nn.Module):
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs) -> None:
+        super().__init__()
+        self.tp = tp
+        self.single_reduce = knobs.moe_single_reduce
+        self.gate = InklingTopkRouter(config)
+        self.experts = InklingExperts(config, tp)
+        self.shared_experts = InklingSharedExperts(config, tp)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_indices, shared_gammas = self.gate(hidden_states)
+        routed = self.experts(hidden_states, topk_indices, topk_weights)
+        shared = self.shared_experts(hidden_states, shared_gammas)
+        if self.single_reduce:   # INKLING_MOE_SINGLE_REDUCE: one collective for routed + shared
+            return self.tp.all_reduce(routed + shared)
+        return self.tp.all_reduce(routed) + self.tp.all_reduce(shared)
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoder layer and model
+# --------------------------------------------------------------------------------------------------
+class InklingDecoderLayer(nn.Module):
+    """norm -> attention -> sconv + residual -> norm -> MLP/MoE -> sconv + residual."""
+
+    def __init__(self, config: InklingPortConfig, layer_idx: int, tp: TensorParallel, knobs: Knobs) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.knobs = knobs
+        attention_class = InklingSlidingAttention if config.is_local(layer_idx) else InklingFullAttention
+        self.self_attn = attention_class(config, layer_idx, tp)
+        self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp, knobs)
+        self.input_layernorm = InklingRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = InklingRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn_sconv = InklingShortConvolution(config.hidden_size, config.conv_kernel_size)
+        self.mlp_sconv = InklingShortConvolution(config.hidden_size, config.conv_kernel_size)
+
+    def forward(self, hidden_states: torch.Tensor, meta: StepMetadata, cache: LayerCache,
+                plans: list[list[ChunkPlan]] | None = None) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, meta, cache, plans, self.knobs)
+        hidden_states = residual + self.attn_sconv(hidden_states, cache.conv["attn"], meta)
+
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + self.mlp_sconv(hidden_states, cache.conv["mlp"], meta)
+
+
+class InklingModel(nn.Module):
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs) -> None:
+        super().__init__()
+        self.config = config
+        self.knobs = knobs
+        self.embed_tokens = InklingNormedEmbedding(config.vocab_rows, config.hidden_size, config.rms_norm_eps,
+                                                   config.use_embed_norm)
+        self.layers = nn.ModuleList(
+            InklingDecoderLayer(config, i, tp, knobs) for i in range(config.num_hidden_layers))
+        self.norm = InklingRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, meta: StepMetadata, caches: InklingCaches) -> torch.Tensor:
+        if caches.block_size != meta.block_size:
+            raise ValueError(f"metadata block size {meta.block_size} != cache block size {caches.block_size}")
+        hidden_states = self.embed_tokens(meta.input_ids)
+        hoisted: dict[AttentionKind, list] = {}
+        if self.knobs.step_hoist:   # INKLING_STEP_HOIST: one plan per layer kind for the whole step
+            for layer in self.layers:
+                kind = layer.self_attn.kind
+                if kind not in hoisted:
+                    hoisted[kind] = plan_step(meta.groups, kind, meta.block_size, self.knobs)
+        for layer, cache in zip(self.layers, caches.layers):
+            hidden_states = layer(hidden_states, meta, cache, hoisted.get(layer.self_attn.kind))
+        return self.norm(hidden_states)
+
+
+class InklingForCausalLM(nn.Module):
+    """The text model: forward(meta, caches) -> hidden states; compute_logits(hidden) -> logits."""
+
+    def __init__(self, config: InklingPortConfig, *, tp: TensorParallel | None = None,
+                 knobs: Knobs | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.tp = tp or TensorParallel()
+        self.knobs = read_knobs() if knobs is None else knobs   # read once, at construction
+        self.model = InklingModel(config, self.tp, self.knobs)
+        self.lm_head = nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
+
+    def forward(self, meta: StepMetadata, caches: InklingCaches) -> torch.Tensor:
+        return self.model(meta, caches)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = hidden_states / self.config.logits_mup_width_multiplier
+        logits = self.tp.all_gather_last_dim(self.lm_head(hidden_states))
+        return logits[..., : self.config.vocab_out]
+
+    # --- dtype and caches ----------------------------------------------------------------------
+    def cast(self, dtype: torch.dtype) -> "InklingForCausalLM":
+        """Cast to `dtype`, keeping the fp32 parameters fp32 (KEEP_FP32_SUFFIXES)."""
+        for name, tensor in list(self.named_parameters()) + list(self.named_buffers()):
+            if name.endswith(KEEP_FP32_SUFFIXES):
+                tensor.data = tensor.data.float()
+            elif tensor.is_floating_point():
+                tensor.data = tensor.data.to(dtype)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def allocate_caches(self, num_blocks: int, block_size: int, num_conv_slots: int,
+                        device: torch.device | str | None = None) -> InklingCaches:
+        """Zeroed caches: paged KV (one block table for every layer) and per-request conv state."""
+        device = device or self.lm_head.weight.device
+        taps = self.config.conv_kernel_size - 1
+        layers = []
+        for layer in self.model.layers:
+            attn = layer.self_attn
+            kv_shape = (num_blocks, block_size, attn.num_key_value_heads, attn.head_dim)
+            kv_channels = attn.num_key_value_heads * attn.head_dim
+            channels = {"k": kv_channels, "v": kv_channels, "attn": self.config.hidden_size,
+                        "mlp": self.config.hidden_size}
+            layers.append(LayerCache(
+                key=torch.zeros(kv_shape, dtype=self.dtype, device=device),
+                value=torch.zeros(kv_shape, dtype=self.dtype, device=device),
+                conv={s: torch.zeros(num_conv_slots, taps, channels[s], dtype=self.dtype, device=device)
+                      for s in CONV_STREAMS},
+            ))
+        return InklingCaches(block_size=block_size, layers=layers)

@@ -1,0 +1,202 @@
+"""Checkpoint (TML "OG" format, `model.llm.*`) -> port parameter names, with tensor-parallel splits.
+
+`CHECKPOINT_TO_PORT` is the table the loader uses: one rule per checkpoint tensor kind. `{i}` is the
+layer index. For a TP rank, `split_for_rank` narrows a checkpoint tensor along the rule's `dim`
+(contiguous equal slabs, rank r takes slab r); `load_tensor` copies it into the port parameter
+(at the rule's row offset for the fused q/k/v/r projection). Layouts are kept as in the checkpoint:
+w13 rows stay interleaved (g0, u0, g1, u1, ...), so a contiguous slab holds whole (g, u) pairs.
+
+Tensors outside the text backbone (`model.visual.*`, `model.audio.*`, `model.mtp.*`) have no rule:
+`is_text_weight` says so without looking at their bytes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import torch
+
+from inkling_hpu.model.config import InklingPortConfig
+
+SKIPPED_PREFIXES = ("model.visual.", "model.audio.", "model.mtp.")
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    checkpoint: str            # checkpoint name template
+    port: str                  # port parameter (or buffer) name template
+    parallel: str              # "column" (split output rows), "row" (split input columns), "replicated"
+    dim: int | None            # dimension split across TP ranks (None when replicated)
+    layers: str = "all"        # "all", "dense" (i < dense_mlp_idx), "moe", or "model" (not per layer)
+    fused_shard: str | None = None   # q/k/v/r: which slice of the fused qkvr_proj rows this fills
+    optional: bool = False     # absent from some checkpoints; the port then keeps its default (1.0)
+    fp32: bool = False         # stored in fp32 in the port whatever the model dtype
+
+    def names(self, layer: int | None) -> tuple[str, str]:
+        if layer is None:
+            return self.checkpoint, self.port
+        return self.checkpoint.format(i=layer), self.port.format(i=layer)
+
+
+_L = "model.llm.layers.{i}."
+_P = "model.layers.{i}."
+
+CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
+    WeightRule("model.llm.embed.weight", "model.embed_tokens.weight", "replicated", None, "model"),
+    WeightRule("model.llm.embed_norm.weight", "model.embed_tokens.embed_norm.weight", "replicated", None, "model"),
+    WeightRule("model.llm.norm.weight", "model.norm.weight", "replicated", None, "model"),
+    WeightRule("model.llm.unembed.weight", "lm_head.weight", "column", 0, "model"),
+    WeightRule(_L + "attn_norm.weight", _P + "input_layernorm.weight", "replicated", None),
+    WeightRule(_L + "mlp_norm.weight", _P + "post_attention_layernorm.weight", "replicated", None),
+    WeightRule(_L + "attn.wq_du.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="q"),
+    WeightRule(_L + "attn.wk_dv.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="k"),
+    WeightRule(_L + "attn.wv_dv.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="v"),
+    WeightRule(_L + "attn.wr_du.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="r"),
+    WeightRule(_L + "attn.wo_ud.weight", _P + "self_attn.o_proj.weight", "row", 1),
+    WeightRule(_L + "attn.q_norm.weight", _P + "self_attn.q_norm.weight", "replicated", None),
+    WeightRule(_L + "attn.k_norm.weight", _P + "self_attn.k_norm.weight", "replicated", None),
+    WeightRule(_L + "attn.k_sconv.weight", _P + "self_attn.k_sconv.weight", "column", 0, fp32=True),
+    WeightRule(_L + "attn.v_sconv.weight", _P + "self_attn.v_sconv.weight", "column", 0, fp32=True),
+    WeightRule(_L + "attn.rel_logits_proj.proj", _P + "self_attn.rel_logits_proj.proj", "replicated", None),
+    WeightRule(_L + "attn_sconv.weight", _P + "attn_sconv.weight", "replicated", None, fp32=True),
+    WeightRule(_L + "mlp_sconv.weight", _P + "mlp_sconv.weight", "replicated", None, fp32=True),
+    # dense MLP (layers below dense_mlp_idx)
+    WeightRule(_L + "mlp.w13_dn.weight", _P + "mlp.gate_up_proj.weight", "column", 0, "dense"),
+    WeightRule(_L + "mlp.w2_md.weight", _P + "mlp.down_proj.weight", "row", 1, "dense"),
+    WeightRule(_L + "mlp.global_scale", _P + "mlp.global_scale", "replicated", None, "dense", optional=True),
+    # MoE
+    WeightRule(_L + "mlp.gate.weight", _P + "mlp.gate.weight", "replicated", None, "moe"),
+    WeightRule(_L + "mlp.gate.bias", _P + "mlp.gate.e_score_correction_bias", "replicated", None, "moe",
+               fp32=True),
+    WeightRule(_L + "mlp.gate.global_scale", _P + "mlp.gate.global_scale", "replicated", None, "moe",
+               optional=True, fp32=True),
+    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.gate_up_proj", "column", 1, "moe"),
+    WeightRule(_L + "mlp.experts.w2_weight", _P + "mlp.experts.down_proj", "row", 2, "moe"),
+    WeightRule(_L + "mlp.shared_experts.shared_w13_weight", _P + "mlp.shared_experts.gate_up_proj", "column", 1,
+               "moe"),
+    WeightRule(_L + "mlp.shared_experts.shared_w2_weight", _P + "mlp.shared_experts.down_proj", "row", 2, "moe"),
+)
+
+
+class WeightError(ValueError):
+    """A checkpoint tensor that does not fit the port (unknown name, wrong shape, missing)."""
+
+
+def _template_regex(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
+
+
+_RULE_PATTERNS = tuple((_template_regex(rule.checkpoint), rule) for rule in CHECKPOINT_TO_PORT)
+
+
+def is_text_weight(checkpoint_name: str) -> bool:
+    """False for the vision/audio/MTP towers the text-only port never reads."""
+    return not checkpoint_name.startswith(SKIPPED_PREFIXES)
+
+
+def _applies(rule: WeightRule, layer: int | None, config: InklingPortConfig) -> bool:
+    if rule.layers == "model":
+        return layer is None
+    if layer is None or not 0 <= layer < config.num_hidden_layers:
+        return False
+    if rule.layers == "dense":
+        return config.dense_layers[layer]
+    if rule.layers == "moe":
+        return not config.dense_layers[layer]
+    return True
+
+
+def resolve(checkpoint_name: str, config: InklingPortConfig) -> tuple[WeightRule, int | None]:
+    """The rule and layer index for a text checkpoint tensor; WeightError if the port has no place for it."""
+    for pattern, rule in _RULE_PATTERNS:
+        match = pattern.match(checkpoint_name)
+        if match:
+            layer = int(match.group("i")) if "i" in match.groupdict() else None
+            if not _applies(rule, layer, config):
+                raise WeightError(f"{checkpoint_name}: no such tensor in this config "
+                                  f"(layer kind {rule.layers!r}, {config.num_hidden_layers} layers)")
+            if rule.checkpoint == "model.llm.embed_norm.weight" and not config.use_embed_norm:
+                raise WeightError(f"{checkpoint_name}: present but the config has use_embed_norm=False")
+            return rule, layer
+    raise WeightError(f"{checkpoint_name}: not a text-backbone tensor the port knows")
+
+
+def expected_checkpoint_names(config: InklingPortConfig, *, include_optional: bool = False) -> list[str]:
+    """Every text tensor a checkpoint of this config must hold."""
+    names = []
+    for rule in CHECKPOINT_TO_PORT:
+        if rule.optional and not include_optional:
+            continue
+        if rule.checkpoint == "model.llm.embed_norm.weight" and not config.use_embed_norm:
+            continue
+        layers = [None] if rule.layers == "model" else range(config.num_hidden_layers)
+        names += [rule.names(layer)[0] for layer in layers if _applies(rule, layer, config)]
+    return names
+
+
+def split_for_rank(tensor: torch.Tensor, rule: WeightRule, tp_rank: int, tp_size: int,
+                   name: str = "") -> torch.Tensor:
+    """This rank's slab of a checkpoint tensor (the whole tensor when replicated)."""
+    if rule.dim is None or tp_size == 1:
+        return tensor
+    size = tensor.shape[rule.dim]
+    if size % tp_size:
+        raise WeightError(f"{name}: dim {rule.dim} of shape {tuple(tensor.shape)} is not divisible by TP size {tp_size}")
+    step = size // tp_size
+    return tensor.narrow(rule.dim, tp_rank * step, step)
+
+
+def _fused_offset(module, shard: str) -> tuple[int, int]:
+    sizes = dict(zip("qkvr", module.split_sizes))
+    start = 0
+    for key in "qkvr":
+        if key == shard:
+            return start, sizes[key]
+        start += sizes[key]
+    raise AssertionError(shard)
+
+
+def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tensor, *,
+                tp_rank: int = 0, tp_size: int = 1) -> str:
+    """Copy one checkpoint tensor (full, unsplit) into the port model; returns the port name."""
+    rule, layer = resolve(checkpoint_name, model.config)
+    _, port_name = rule.names(layer)
+    target = _port_tensor(model, port_name)
+    piece = split_for_rank(tensor, rule, tp_rank, tp_size, checkpoint_name)
+    if rule.fused_shard is not None:
+        attention = model.model.layers[layer].self_attn
+        start, rows = _fused_offset(attention, rule.fused_shard)
+        target = target.narrow(0, start, rows)
+    if tuple(piece.shape) != tuple(target.shape):
+        raise WeightError(f"{checkpoint_name}: expected shape {tuple(target.shape)} on TP rank {tp_rank}/{tp_size} "
+                          f"(full tensor {tuple(tensor.shape)}); found {tuple(piece.shape)}")
+    with torch.no_grad():
+        target.copy_(piece.to(target.dtype))
+    return port_name
+
+
+def _port_tensor(model: torch.nn.Module, port_name: str) -> torch.Tensor:
+    owner_name, _, leaf = port_name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    tensor = getattr(owner, leaf, None)
+    if not isinstance(tensor, torch.Tensor):
+        raise WeightError(f"port model has no tensor {port_name}")
+    return tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+
+
+def load_checkpoint(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                    *, tp_rank: int = 0, tp_size: int = 1) -> list[str]:
+    """Load every text tensor; skip tower/MTP tensors; refuse missing required ones. Returns loaded names."""
+    items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    loaded = []
+    for name, tensor in items:
+        if not is_text_weight(name):
+            continue
+        load_tensor(model, name, tensor, tp_rank=tp_rank, tp_size=tp_size)
+        loaded.append(name)
+    missing = sorted(set(expected_checkpoint_names(model.config)) - set(loaded))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise WeightError(f"checkpoint is missing {len(missing)} text tensors: {shown}")
+    return loaded

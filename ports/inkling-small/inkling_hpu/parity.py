@@ -1,0 +1,339 @@
+"""Parity of the port's logits against transformers 5.24.0's InklingForCausalLM.
+
+    python -m inkling_hpu.parity --config CONFIG.json [--seed N] [--dtype float32|bfloat16]
+
+Builds the reference from a tiny config with random weights, converts its weights to the checkpoint
+names (`model.llm.*`, w13 re-interleaved), loads them into the port through
+`inkling_hpu.model.weights`, and runs the port on the same tokens in three phases:
+
+- prefill_chunked: one request's prompt in chunks (sizes from the config, not aligned to blocks);
+- decode: the same request, one token per step;
+- mixed: several requests on fresh caches, staggered so that steps mix prefill chunks and decodes,
+  with padding (tokens, requests, block-table columns) and scattered block ids.
+
+The reference is transformers' full forward over each request's whole sequence. Prints JSON with, per
+phase, the max abs difference of logits and the relative difference (max abs difference / max |ref
+logit|); exits 0 when every phase is within tolerance, 1 when not, 2 on bad input.
+Config file: checkpoint config fields at the top level plus an optional "parity" section
+(block_size, prefill_chunks, decode_steps, mixed: {prompt_lens, chunk, decode_steps}).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
+from inkling_hpu.model.knobs import KnobError, Knobs, read_knobs
+from inkling_hpu.model.metadata import RequestChunk, build_step_metadata
+from inkling_hpu.model.modeling import InklingForCausalLM
+from inkling_hpu.model.weights import load_checkpoint
+
+TOLERANCE = {
+    "float32": {"max_abs": 1e-4},
+    # bf16: both sides round at different points (fused projection, GQA layout, conv sum order)
+    "bfloat16": {"max_rel": 0.05},
+}
+DEFAULT_PARITY = {
+    "block_size": 128,
+    "prefill_chunks": [7, 9, 16],
+    "decode_steps": 6,
+    "mixed": {"prompt_lens": [5, 11, 3], "chunk": 6, "decode_steps": 4},
+}
+NON_MODEL_KEYS = ("parity", "description", "_comment")
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference model and weight conversion
+# --------------------------------------------------------------------------------------------------
+def build_reference(raw_config: dict[str, Any], seed: int, dtype: torch.dtype):
+    """transformers' InklingForCausalLM with seeded random weights (all of them, scales and biases too)."""
+    from transformers.models.inkling import InklingForCausalLM as ReferenceLM
+    from transformers.models.inkling import InklingTextConfig
+
+    hf_kwargs = {k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS}
+    hf_config = InklingTextConfig(**hf_kwargs)
+    hf_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    reference = ReferenceLM(hf_config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in list(reference.named_parameters()) + list(reference.named_buffers()):
+            tensor.copy_(_random_like(name, tensor, generator))
+    if dtype != torch.float32:
+        keep = {n: t.detach().clone() for n, t in list(reference.named_parameters()) + list(reference.named_buffers())
+                if _hf_keeps_fp32(n)}
+        reference.to(dtype)
+        for name, value in keep.items():   # as transformers keeps these modules in fp32
+            _set_tensor(reference, name, value)
+    return reference
+
+
+def _hf_keeps_fp32(name: str) -> bool:
+    return any(part in name for part in ("attn_sconv", "mlp_sconv", "k_sconv", "v_sconv",
+                                          "e_score_correction_bias", "gate.global_scale"))
+
+
+def _set_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    current = getattr(owner, leaf)
+    if isinstance(current, torch.nn.Parameter):
+        current.data = value
+    else:
+        setattr(owner, leaf, value)
+
+
+def _random_like(name: str, tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def normal(std: float) -> torch.Tensor:
+        return torch.randn(tensor.shape, generator=generator, dtype=torch.float32) * std
+
+    if name.endswith("global_scale"):
+        return 1.0 + normal(0.1)
+    if name.endswith("e_score_correction_bias"):
+        return normal(0.1)
+    if "norm" in name and tensor.dim() == 1:
+        return 1.0 + normal(0.1)
+    if "sconv" in name:
+        return normal(0.3)
+    if name.endswith("rel_logits_proj.proj"):
+        return normal(0.5)
+    if name.endswith("embed_tokens.weight"):
+        return normal(1.0)
+    return normal(tensor.shape[-1] ** -0.5)   # projections: unit-variance outputs
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor, dim: int) -> torch.Tensor:
+    """[.., I, ..] gate and up -> [.., 2I, ..] with rows g0, u0, g1, u1, ... (the checkpoint's w13)."""
+    stacked = torch.stack([gate, up], dim=dim + 1)
+    shape = list(gate.shape)
+    shape[dim] *= 2
+    return stacked.reshape(shape)
+
+
+_HF_LAYER_RENAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "mlp_norm.weight",
+    "self_attn.q_proj.weight": "attn.wq_du.weight",
+    "self_attn.k_proj.weight": "attn.wk_dv.weight",
+    "self_attn.v_proj.weight": "attn.wv_dv.weight",
+    "self_attn.r_proj.weight": "attn.wr_du.weight",
+    "self_attn.o_proj.weight": "attn.wo_ud.weight",
+    "self_attn.q_norm.weight": "attn.q_norm.weight",
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
+    "self_attn.k_sconv.conv1d.weight": "attn.k_sconv.weight",
+    "self_attn.v_sconv.conv1d.weight": "attn.v_sconv.weight",
+    "self_attn.rel_logits_proj.proj": "attn.rel_logits_proj.proj",
+    "attn_sconv.conv1d.weight": "attn_sconv.weight",
+    "mlp_sconv.conv1d.weight": "mlp_sconv.weight",
+    "mlp.down_proj.weight": "mlp.w2_md.weight",
+    "mlp.global_scale": "mlp.global_scale",
+    "mlp.gate.weight": "mlp.gate.weight",
+    "mlp.gate.e_score_correction_bias": "mlp.gate.bias",
+    "mlp.gate.global_scale": "mlp.gate.global_scale",
+    "mlp.experts.down_proj": "mlp.experts.w2_weight",
+    "mlp.shared_experts.down_proj": "mlp.shared_experts.shared_w2_weight",
+}
+_HF_MODEL_RENAMES = {
+    "model.embed_tokens.weight": "model.llm.embed.weight",
+    "model.embed_tokens.embed_norm.weight": "model.llm.embed_norm.weight",
+    "model.norm.weight": "model.llm.norm.weight",
+    "lm_head.weight": "model.llm.unembed.weight",
+}
+
+
+def reference_to_checkpoint(reference: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """transformers' state dict -> checkpoint names and layouts (the reverse of its conversion mapping)."""
+    state = {k: v.detach() for k, v in reference.state_dict().items()}
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if name in _HF_MODEL_RENAMES:
+            out[_HF_MODEL_RENAMES[name]] = value
+            continue
+        if not name.startswith("model.layers."):
+            raise KeyError(f"no checkpoint name for reference tensor {name}")
+        _, _, layer, rest = name.split(".", 3)
+        base = f"model.llm.layers.{layer}."
+        if rest in _HF_LAYER_RENAMES:
+            out[base + _HF_LAYER_RENAMES[rest]] = value
+        elif rest in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+            if rest == "mlp.gate_proj.weight":
+                up = state[f"model.layers.{layer}.mlp.up_proj.weight"]
+                out[base + "mlp.w13_dn.weight"] = _interleave(value, up, dim=0)
+        elif rest == "mlp.experts.gate_up_proj":
+            gate, up = value.chunk(2, dim=1)
+            out[base + "mlp.experts.w13_weight"] = _interleave(gate, up, dim=1)
+        elif rest in ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"):
+            if rest == "mlp.shared_experts.gate_proj":
+                up = state[f"model.layers.{layer}.mlp.shared_experts.up_proj"]
+                out[base + "mlp.shared_experts.shared_w13_weight"] = _interleave(value, up, dim=1)
+        else:
+            raise KeyError(f"no checkpoint name for reference tensor {name}")
+    return out
+
+
+def reference_logits(reference: torch.nn.Module, tokens: list[int], vocab_out: int) -> torch.Tensor:
+    with torch.no_grad():
+        logits = reference(torch.tensor([tokens])).logits[0]
+    return logits[:, :vocab_out].float()
+
+
+# --------------------------------------------------------------------------------------------------
+# Port runs
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class PortSetup:
+    model: InklingForCausalLM
+    block_size: int
+    num_blocks: int
+    pad_block: int
+    pad_conv_slot: int
+
+
+def build_port(raw_config: dict[str, Any], checkpoint: dict[str, torch.Tensor], dtype: torch.dtype,
+               knobs: Knobs) -> InklingForCausalLM:
+    config = InklingPortConfig.from_dict({k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS})
+    model = InklingForCausalLM(config, knobs=knobs)
+    if dtype != torch.float32:
+        model.cast(dtype)
+    load_checkpoint(model, checkpoint)
+    return model.eval()
+
+
+class PortSession:
+    """Caches plus a block allocator for one sequence of steps."""
+
+    def __init__(self, model: InklingForCausalLM, block_size: int, max_tokens: int, num_requests: int,
+                 seed: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        blocks_per_request = -(-max_tokens // block_size)
+        self.num_blocks = num_requests * blocks_per_request + 2
+        self.pad_block = self.num_blocks - 1
+        self.pad_conv_slot = 0
+        self.caches = model.allocate_caches(self.num_blocks, block_size, num_conv_slots=num_requests + 1)
+        free = list(range(self.num_blocks - 1))
+        random.Random(seed).shuffle(free)            # scattered block ids: paging must not assume order
+        self.tables = [free[r * blocks_per_request:(r + 1) * blocks_per_request] for r in range(num_requests)]
+
+    def step(self, work: list[tuple[int, list[int], int]], padded: bool = False) -> list[torch.Tensor]:
+        """work: (request, new tokens, num_computed). Returns each request's logits for its new tokens."""
+        chunks = [RequestChunk(tokens, done, self.tables[r], conv_slot=r + 1) for r, tokens, done in work]
+        pads = {}
+        if padded:
+            n_prefill = sum(len(c.token_ids) > 1 for c in chunks)
+            n_decode = len(chunks) - n_prefill
+            longest = max([len(c.token_ids) for c in chunks if len(c.token_ids) > 1], default=1)
+            pads = dict(pad_tokens_to=sum(len(c.token_ids) for c in chunks) + 3,
+                        pad_prefill_rows_to=longest + 2, pad_prefill_requests_to=n_prefill + 1,
+                        pad_decode_requests_to=n_decode + 1, pad_requests_to=len(chunks) + 1,
+                        pad_blocks_to=len(self.tables[0]) + 1)
+        meta = build_step_metadata(chunks, block_size=self.block_size,
+                                   conv_kernel_size=self.model.config.conv_kernel_size,
+                                   pad_block_id=self.pad_block, pad_conv_slot=self.pad_conv_slot, **pads)
+        with torch.no_grad():
+            logits = self.model.compute_logits(self.model(meta, self.caches)).float()
+        out, start = [], 0
+        for chunk in chunks:
+            out.append(logits[start:start + len(chunk.token_ids)])
+            start += len(chunk.token_ids)
+        return out
+
+
+def _diff(port: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    max_abs = (port - ref).abs().max().item()
+    return {"max_abs": max_abs, "max_rel": max_abs / max(ref.abs().max().item(), 1e-30),
+            "tokens": int(ref.shape[0])}
+
+
+def run_parity(raw_config: dict[str, Any], *, seed: int = 0, dtype_name: str = "float32",
+               knobs: Knobs | None = None) -> dict[str, Any]:
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    knobs = read_knobs() if knobs is None else knobs
+    settings = {**DEFAULT_PARITY, **raw_config.get("parity", {})}
+    mixed = {**DEFAULT_PARITY["mixed"], **settings.get("mixed", {})}
+    block_size = int(settings["block_size"])
+
+    reference = build_reference(raw_config, seed, dtype)
+    checkpoint = reference_to_checkpoint(reference)
+    model = build_port(raw_config, checkpoint, dtype, knobs)
+    vocab_out = model.config.vocab_out
+    rng = random.Random(seed + 1)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(vocab_out) for _ in range(n)]
+
+    phases: dict[str, dict[str, float]] = {}
+    # one request: chunked prefill, then decode
+    chunk_sizes = [int(n) for n in settings["prefill_chunks"]]
+    prompt_len, decode_steps = sum(chunk_sizes), int(settings["decode_steps"])
+    sequence = tokens(prompt_len + decode_steps)
+    ref = reference_logits(reference, sequence, vocab_out)
+    session = PortSession(model, block_size, len(sequence), num_requests=1, seed=seed)
+    got, done = [], 0
+    for size in chunk_sizes:
+        got += session.step([(0, sequence[done:done + size], done)])
+        done += size
+    phases["prefill_chunked"] = _diff(torch.cat(got), ref[:prompt_len])
+    got = []
+    for _ in range(decode_steps):
+        got += session.step([(0, sequence[done:done + 1], done)])
+        done += 1
+    phases["decode"] = _diff(torch.cat(got), ref[prompt_len:])
+
+    # several requests, staggered: steps mix prefill chunks and decodes (with padding)
+    prompt_lens = [int(n) for n in mixed["prompt_lens"]]
+    chunk, m_decode = int(mixed["chunk"]), int(mixed["decode_steps"])
+    sequences = [tokens(n + m_decode) for n in prompt_lens]
+    refs = [reference_logits(reference, s, vocab_out) for s in sequences]
+    session = PortSession(model, block_size, max(map(len, sequences)), num_requests=len(sequences), seed=seed + 2)
+    done_by = [0] * len(sequences)
+    got_by: list[list[torch.Tensor]] = [[] for _ in sequences]
+    step = 0
+    while any(done_by[r] < len(sequences[r]) for r in range(len(sequences))):
+        work = []
+        for r, sequence in enumerate(sequences):
+            if step < r or done_by[r] >= len(sequence):
+                continue                               # request r arrives at step r
+            size = min(chunk, prompt_lens[r] - done_by[r]) if done_by[r] < prompt_lens[r] else 1
+            work.append((r, sequence[done_by[r]:done_by[r] + size], done_by[r]))
+        if work:
+            for (r, new, _), logits in zip(work, session.step(work, padded=step % 2 == 1)):
+                got_by[r].append(logits)
+                done_by[r] += len(new)
+        step += 1
+    diffs = [_diff(torch.cat(g), ref) for g, ref in zip(got_by, refs)]
+    phases["mixed"] = {"max_abs": max(d["max_abs"] for d in diffs), "max_rel": max(d["max_rel"] for d in diffs),
+                       "tokens": sum(d["tokens"] for d in diffs), "steps": step}
+
+    tolerance = TOLERANCE[dtype_name]
+    ok = all(all(p[key] <= limit for key, limit in tolerance.items()) for p in phases.values())
+    return {"dtype": dtype_name, "seed": seed, "block_size": block_size, "knobs": knobs.as_env(),
+            "tolerance": tolerance, "phases": phases, "ok": ok}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inkling_hpu.parity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, type=Path, help="tiny config JSON (see inkling_hpu/configs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
+    args = parser.parse_args(argv)
+    try:
+        raw = json.loads(args.config.read_text())
+        result = run_parity(raw, seed=args.seed, dtype_name=args.dtype)
+    except (OSError, json.JSONDecodeError, InklingConfigError, KnobError) as error:
+        print(f"parity: {error}", file=sys.stderr)
+        return 2
+    result = {"config": str(args.config), **result}
+    print(json.dumps(result, indent=2))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
