@@ -347,3 +347,10 @@ def test_library_dependencies_missing_is_a_clear_error(tmp_path):
                            f"runpy.run_path({str(APPLY_ALL)!r}, run_name='__main__')"],
                           capture_output=True, text=True)
     assert done.returncode == 3 and "requirements/cookbook.txt" in done.stderr
+
+
+def test_default_root_is_the_installed_package(tree):
+    """Without --vllm-root the package is found where Python would import it from, unimported."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = cli("identify", "--profile", "v0.30.0", "--target", "vllm", env=env, check_rc=0).stdout
+    assert f"at {tree} " in out

@@ -1,0 +1,72 @@
+"""One run over vLLM and vllm-gaudi in two different trees: all or nothing across both."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_apply import APPLY_ALL, FIXTURES, make_tree, tree_hash
+
+PROFILE = FIXTURES / "profile-two-trees.yaml"
+
+
+@pytest.fixture
+def trees(vllm_src, vllm_gaudi_src, tmp_path):
+    vllm = make_tree(vllm_src, tmp_path / "vllm-tree")
+    gaudi = tmp_path / "gaudi-tree"
+    (gaudi / "vllm_gaudi").mkdir(parents=True)
+    shutil.copy2(vllm_gaudi_src / "vllm_gaudi/__init__.py", gaudi / "vllm_gaudi/__init__.py")
+    # The archive of 091bbadd carries no commit record: make it the checkout it came from.
+    git = ["git", "-C", str(gaudi), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    return vllm, gaudi
+
+
+def run(vllm, gaudi, *extra, env=None):
+    return subprocess.run([sys.executable, str(APPLY_ALL), "verify" if "verify" in extra else "apply",
+                           "--profile", str(PROFILE), "--vllm-root", str(vllm), "--vllm-gaudi-root", str(gaudi),
+                           *[e for e in extra if e != "verify"]], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_failure_in_one_tree_leaves_both_unchanged(trees):
+    vllm, gaudi = trees
+    (vllm / "vllm/v1/core/sched/scheduler.py").write_text("edited\n")
+    before = tree_hash(vllm), tree_hash(gaudi)
+    done = run(vllm, gaudi)
+    # Pins are checked first: the gaudi tree is an untagged fresh checkout, so it is refused.
+    assert done.returncode == 2 and "vllm-gaudi: expected commit 091bbadd" in done.stdout
+    assert (tree_hash(vllm), tree_hash(gaudi)) == before
+    verify = run(vllm, gaudi, "verify")
+    assert verify.returncode == 1 and "scheduler-marker" in verify.stdout
+    assert (tree_hash(vllm), tree_hash(gaudi)) == before
+
+
+def test_sigkill_across_two_trees_is_recovered(trees):
+    vllm, gaudi = trees
+    before = tree_hash(vllm), tree_hash(gaudi)
+    code = ("import sys; sys.path.insert(0, %r); from cookbook import series; "
+            "from cookbook.profiles import load_profile; from pathlib import Path; "
+            "p = load_profile(%r); "
+            "series.run(p, {'vllm': Path(%r), 'vllm-gaudi': Path(%r)}, p.fixes, check_pin=False)"
+            % (str(APPLY_ALL.parents[1]), str(PROFILE), str(vllm), str(gaudi)))
+    env = dict(os.environ, COOKBOOK_TEST_KILL_AFTER_WRITES="2")
+    killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    assert (tree_hash(vllm), tree_hash(gaudi)) != before
+    # The journal lives in the first tree (by path), a pointer to it in the other. A run on the
+    # other tree alone follows the pointer and restores both trees.
+    primary, secondary = sorted([vllm, gaudi], key=os.path.realpath)
+    assert (primary / ".cookbook-fixes-journal" / "manifest.json").exists()
+    assert (secondary / ".cookbook-fixes-journal-ref").exists()
+    target = "vllm" if secondary == vllm else "vllm-gaudi"
+    done = subprocess.run([sys.executable, str(APPLY_ALL), "--profile", str(PROFILE), "--target", target,
+                           f"--{target}-root", str(secondary), "--check"], capture_output=True, text=True)
+    assert "recovered an interrupted run" in done.stdout
+    assert (tree_hash(vllm), tree_hash(gaudi)) == before
+    assert not (primary / ".cookbook-fixes-journal").exists()
+    assert not (secondary / ".cookbook-fixes-journal-ref").exists()
