@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The port's CPU preflight, run inside a freshly built image (no network, no accelerator):
+
+    python3 /opt/gaudi-cookbook/builder/preflight.py [--profile v0.30.0] [--port-profile P] [--json]
+
+Checks, with the cookbook library the image carries: both commits are the profile's; the port's
+runner patch is in place (a dry run finds it already applied) and stamped; `inkling_hpu` is
+installed with its vLLM plugin entry point; then the port's CPU tests when the image has torch and
+pytest (a Gaudi image does; the docker tests' Debian base does not, and says so). Exit 0 when every
+check passes or is skipped with a reason, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PORT = REPO / "ports" / "inkling-small"
+
+
+def check_commits(profile: str) -> tuple[str, str]:
+    from cookbook import api
+
+    results = api.identify(profile, {})
+    bad = [f"{t.name}: expected {t.pin}, found {t.commit} ({t.how})" for t in results if not t.matches]
+    if bad:
+        return "fail", "; ".join(bad)
+    return "pass", ", ".join(f"{t.name} {str(t.commit)[:12]}" for t in results)
+
+
+def check_port_patch(port_profile: str) -> tuple[str, str]:
+    from cookbook import api
+
+    _profile, report = api.run(port_profile, {}, [], mode="check")
+    if not report.ok:
+        return "fail", report.error
+    not_applied = [f"{f.name}: {f.status}" for f in report.fixes
+                   if f.status not in ("already applied", "out of scope")]
+    if not_applied:
+        return "fail", "not applied: " + ", ".join(not_applied)
+    return "pass", ", ".join(f"{f.name} already applied" for f in report.fixes)
+
+
+def check_stamp(port_profile: str) -> tuple[str, str]:
+    from cookbook import api, sources
+
+    profile = api.load_profile(port_profile)
+    found = []
+    for target in {t for name in profile.all_fixes for t in profile.load_fix(name).targets}:
+        package = profile.targets[target].package
+        root = sources.locate(package)
+        stamp = root / package / "cookbook-fixes.json" if root else None
+        if not stamp or not stamp.exists():
+            return "fail", f"{target}: no stamp {stamp}"
+        if profile.name not in json.loads(stamp.read_text()).get("profiles", {}):
+            return "fail", f"{stamp} does not record profile {profile.name}"
+        found.append(str(stamp))
+    return "pass", ", ".join(found)
+
+
+def check_plugin() -> tuple[str, str]:
+    try:
+        dist = importlib.metadata.distribution("inkling_hpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "fail", "distribution inkling_hpu is not installed"
+    plugins = [ep for ep in dist.entry_points if ep.group == "vllm.general_plugins"]
+    if not plugins:
+        return "fail", f"inkling_hpu {dist.version} declares no vllm.general_plugins entry point"
+    return "pass", f"inkling_hpu {dist.version}: " + ", ".join(f"{ep.name} = {ep.value}" for ep in plugins)
+
+
+def read_stamps(profile: str) -> dict:
+    """{target: {path, sha256, stamp}} for every target whose package carries a fix stamp."""
+    import hashlib
+
+    from cookbook import api, sources
+
+    out = {}
+    for target, pin in api.load_profile(profile).targets.items():
+        root = sources.locate(pin.package)
+        stamp = root / pin.package / "cookbook-fixes.json" if root else None
+        if stamp and stamp.exists():
+            data = stamp.read_bytes()
+            out[target] = {"path": str(stamp), "sha256": hashlib.sha256(data).hexdigest(),
+                           "stamp": json.loads(data)}
+    return out
+
+
+def run_cpu_tests() -> tuple[str, str]:
+    missing = [m for m in ("torch", "pytest", "vllm") if importlib.util.find_spec(m) is None]
+    tests = PORT / "tests" / "cpu"
+    if missing:
+        return "skip", f"{', '.join(missing)} not importable in this image: CPU tests not run"
+    if not tests.is_dir():
+        return "skip", f"{tests} does not exist"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+                          capture_output=True, text=True, cwd="/tmp")
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    return ("pass" if proc.returncode == 0 else "fail"), tail
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="v0.30.0")
+    parser.add_argument("--port-profile", default="ports/inkling-small/patches/port.yaml")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    port_profile = str(REPO / args.port_profile) if args.port_profile.endswith(".yaml") else args.port_profile
+    profile = str(REPO / args.profile) if args.profile.endswith(".yaml") else args.profile
+    checks = []
+    for name, func in (("commits", lambda: check_commits(profile)),
+                       ("port runner patch", lambda: check_port_patch(port_profile)),
+                       ("stamp", lambda: check_stamp(port_profile)),
+                       ("plugin", check_plugin),
+                       ("CPU tests", run_cpu_tests)):
+        try:
+            status, detail = func()
+        except Exception as exc:  # a check that crashes is a failed check, reported as such
+            status, detail = "fail", f"{type(exc).__name__}: {exc}"
+        checks.append({"name": name, "status": status, "detail": detail})
+    ok = all(c["status"] != "fail" for c in checks)
+    if args.json:
+        print(json.dumps({"ok": ok, "checks": checks, "stamps": read_stamps(profile)}))
+    else:
+        for c in checks:
+            print(f"{c['status']:<5} {c['name']}: {c['detail']}")
+        print("preflight OK" if ok else "preflight FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Install the Inkling-Small port into a stock vllm-gaudi releases/v0.30.0 image.
+# Run by ports/inkling-small/Dockerfile with this repository at /opt/gaudi-cookbook:
+#   1. the cookbook library's few requirements (pip does nothing when they are already there);
+#   2. check the vLLM and vllm-gaudi commits with the library (`apply_all.py identify`): stop on
+#      any other base;
+#   3. install the inkling_hpu plugin (with its vllm.general_plugins entry point), no dependencies;
+#   4. apply the port's runner patch (decode window) with the same engine, which writes the stamp.
+# Environment: COOKBOOK_PROFILE (default v0.30.0), COOKBOOK_PORT_PROFILE (default the port's
+# patches/port.yaml), PYTHON (default python3).
+# Exit codes: 0 installed; 2 not the profile's base (nothing installed); 3 usage/setup error;
+# 1 the plugin install or the runner patch failed.
+set -euo pipefail
+
+cookbook=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+profile=${COOKBOOK_PROFILE:-v0.30.0}
+port_profile=${COOKBOOK_PORT_PROFILE:-ports/inkling-small/patches/port.yaml}
+python=${PYTHON:-python3}
+# A container image's system Python is ours to install into (as the stock image's own pip installs are).
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+cd "$cookbook"
+
+say() { echo "install.sh: $*"; }
+die() {
+  local code=$1
+  shift
+  echo "install.sh: ERROR: $*" >&2
+  exit "$code"
+}
+
+command -v "$python" >/dev/null || die 3 "$python not found: this image has no Python"
+"$python" -m pip --version >/dev/null 2>&1 || die 3 "pip is not available for $python"
+
+say "cookbook at $cookbook; profile $profile; port series $port_profile"
+say "[1/4] cookbook requirements"
+"$python" -m pip install -q -r requirements/cookbook.txt || die 3 "could not install requirements/cookbook.txt"
+
+say "[2/4] vLLM and vllm-gaudi commits"
+set +e
+"$python" fixes/apply_all.py identify --profile "$profile"
+rc=$?
+set -e
+case $rc in
+  0) ;;
+  2) die 2 "this base is not the stock vllm-gaudi image profile $profile is pinned to (expected vs found above); nothing was installed. Build on the right base (see docs/images.md)." ;;
+  *) die "$rc" "could not identify the vLLM / vllm-gaudi commits (apply_all.py identify exit $rc)" ;;
+esac
+
+say "[3/4] inkling_hpu plugin"
+"$python" -m pip install -q --no-deps --no-build-isolation ports/inkling-small ||
+  die 1 "pip could not install the inkling_hpu plugin from ports/inkling-small"
+rm -rf ports/inkling-small/build ports/inkling-small/*.egg-info  # in-tree build leftovers
+
+say "[4/4] the port's runner patch"
+set +e
+"$python" fixes/apply_all.py --profile "$port_profile"
+rc=$?
+set -e
+case $rc in
+  0) ;;
+  2) die 2 "the runner patch refused this base (expected vs found above)" ;;
+  *) die "$rc" "the port's runner patch ($port_profile) did not apply (apply_all.py exit $rc)" ;;
+esac
+# Bytecode the build left behind is not part of the port.
+find "$cookbook" -name __pycache__ -type d -prune -exec rm -rf {} +
+say "install OK"
