@@ -16,8 +16,7 @@ from vllm.distributed import (
 )
 from vllm.v1.worker.worker_base import WorkerBase
 
-# Carried by the planted exception, so a test can tell whether the caller saw rank 1's own error.
-FAILURE_MARKER = "planted-failure-7f3a"
+from rank_exception_fatal_support import FAILURE_MARKER
 
 
 class AllReduceWorker(WorkerBase):

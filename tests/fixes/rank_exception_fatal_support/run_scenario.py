@@ -14,7 +14,7 @@ import sys
 import time
 
 WORKER_CLS = "rank_exception_fatal_support.allreduce_worker.AllReduceWorker"
-# Bound for the RPC sent after the failure: it needs no collective, so a live rank 0 answers at once.
+# Bound for the `ping` sent after a failure before the all-reduce.
 FOLLOW_UP_TIMEOUT_SECONDS = 3
 
 PLANS = {
@@ -48,6 +48,17 @@ def observe(call) -> dict:
     return {"outcome": "returned", "value": value, "seconds": round(time.monotonic() - start, 2)}
 
 
+def follow_up(executor, scenario: str):
+    """The call made after the failing one."""
+    if scenario == "fail-before-all-reduce":
+        # No collective in it: a live rank 0 answers at once.
+        return executor.collective_rpc(
+            "ping", unique_reply_rank=0, timeout=FOLLOW_UP_TIMEOUT_SECONDS)
+    # A healthy step: rank 0 answers only after rank 1 joined its all-reduce, which rank 1 does
+    # only after it has handled the failure of the previous step.
+    return executor.execute_model({})
+
+
 def main() -> None:
     if len(sys.argv) != 4 or sys.argv[1] not in PLANS or sys.argv[2] not in ("async", "sync"):
         sys.exit(f"usage: run_scenario.py {{{'|'.join(PLANS)}}} {{async|sync}} MODEL_DIR; "
@@ -65,8 +76,8 @@ def main() -> None:
     result["healthy"] = observe(lambda: executor.execute_model({}))
     result["failing"] = observe(lambda: executor.execute_model(plan))
     result["is_failed"] = executor.is_failed
-    result["follow_up"] = observe(lambda: executor.collective_rpc(
-        "ping", unique_reply_rank=0, timeout=FOLLOW_UP_TIMEOUT_SECONDS))
+    result["follow_up"] = observe(lambda: follow_up(executor, sys.argv[1]))
+    result["is_failed_after_follow_up"] = executor.is_failed
 
     start = time.monotonic()
     executor.shutdown()
