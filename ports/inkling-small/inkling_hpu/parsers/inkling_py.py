@@ -359,8 +359,8 @@ class InklingStream:
         self.lexer = MarkerLexer(literals)
         self.skip_tool_parsing = False
         self.suppress_tool_calls = False
-        # Reasoning pass while streaming: once reasoning ends, hand the rest of the text
-        # over unparsed, so the tool pass sees every marker (e.g. a function-name header).
+        # Reasoning pass while streaming: the delta in which reasoning ends is handed to the
+        # tool pass unparsed (see _replay_prefix), so no block is cut in two passes.
         self.hand_off_after_reasoning = False
         self.reset(initial_state)
 
@@ -389,6 +389,11 @@ class InklingStream:
     # ---- input -------------------------------------------------------------------------
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> None:
+        if self.passing_through:
+            self._content.append(text)
+            return
+        hand_off = self.hand_off_after_reasoning and not self.reasoning_ended
+        replay = self._replay_prefix() if hand_off else ""
         items: list = []
         if token_ids:
             self.ever_had_token_ids = True
@@ -397,6 +402,22 @@ class InklingStream:
         else:
             self.lexer.feed(text, items)
         self._process(items)
+        if hand_off and self.reasoning_ended:
+            # This delta goes to the tool pass whole, after markers that reopen the block
+            # it started in: the tool pass then parses it exactly as a single pass would.
+            self.passing_through = True
+            self.lexer.reset()
+            self._reasoning = []
+            self._content = [replay + text]
+
+    def _replay_prefix(self) -> str:
+        """Text that brings a fresh content-state parser to this parser's current state."""
+        prefix = self.pending_ws
+        if self.state == REASONING:
+            prefix += CONTENT_THINKING + self.reasoning_ws
+        elif self.state == HEADER:
+            prefix += MESSAGE_MODEL + "".join(self.header_parts)
+        return prefix + self.lexer.held
 
     def _feed_with_dropped_tokens(self, text: str, token_ids: Sequence[int], items: list) -> None:
         # A special token given by id is removed where its text sits in this delta; the text
@@ -418,12 +439,12 @@ class InklingStream:
     def finish(self) -> None:
         if self.finished:
             return
-        items: list = []
-        self.lexer.flush(items)
-        self._process(items)
         if self.passing_through:
             self.finished = True
             return
+        items: list = []
+        self.lexer.flush(items)
+        self._process(items)
         if self.state == TOOL:
             self._close_tool_block()
             self.state = CONTENT
@@ -445,10 +466,7 @@ class InklingStream:
     # ---- grammar -----------------------------------------------------------------------
 
     def _process(self, items: list) -> None:
-        for position, (kind, value) in enumerate(items):
-            if self.passing_through:
-                self._content.append("".join(v for _, v in items[position:]))
-                return
+        for kind, value in items:
             if kind is None:
                 self._text(value)
             elif kind == DROP:
@@ -457,11 +475,6 @@ class InklingStream:
                     self._text(value)
             else:
                 self._marker(kind, value)
-            if self.hand_off_after_reasoning and self.reasoning_ended and not self.passing_through:
-                self.passing_through = True
-                if self.pending_ws:
-                    self._content.append(self.pending_ws)
-                    self.pending_ws = ""
 
     def _text(self, text: str) -> None:
         if not text:
