@@ -120,6 +120,8 @@ class StepDriver:
         with _config_context(runner):
             runner.execute_model(so)
             out = runner.sample_tokens(grammar_output)
+        if hasattr(out, "get_output"):  # async scheduling: AsyncModelRunnerOutput
+            out = out.get_output()
         self.last_output = out
         kept: dict[str, list[int]] = {}
         for req_id, n in schedule.items():
@@ -166,6 +168,24 @@ def run_sampling(runner, batch_changed: bool, logits: torch.Tensor, req_ids: lis
     return out.sampled_token_ids.flatten().tolist(), metadata
 
 
+def record_sampling(runner, n_rows: int | None = None) -> list[dict]:
+    """Spy on the runner's real `_run_sampling` (it still runs): each call appends
+    {"req_ids": [...], "rows": sampling_rows(metadata)} to the returned list."""
+    calls: list[dict] = []
+    real = runner._run_sampling
+
+    def spy(batch_changed, logits_device, request_ids=None, pad_to=None, logits_requests=None):
+        out, metadata = real(batch_changed, logits_device, request_ids, pad_to, logits_requests)
+        ids = list(request_ids or [])
+        calls.append({"req_ids": ids, "batch_changed": bool(batch_changed),
+                      "rows": sampling_rows(metadata, n_rows or len(ids)),
+                      "sampled": out.sampled_token_ids.flatten().tolist()})
+        return out, metadata
+
+    runner._run_sampling = spy
+    return calls
+
+
 def sampling_rows(metadata, n: int | None = None) -> dict[str, object]:
     """The per-row sampling parameters a SamplingMetadata carries (for observed-value reports)."""
 
@@ -206,4 +226,4 @@ def batch_order(runner) -> list[str]:
 
 
 __all__ = ["BigramLogitsModel", "logits_table", "install_model", "StepDriver", "update_states", "order_batch",
-           "run_sampling", "sampling_rows", "greedy_params", "random_params", "with_bad_words", "batch_order", "np"]
+           "run_sampling", "record_sampling", "sampling_rows", "greedy_params", "random_params", "with_bad_words", "batch_order", "np"]
