@@ -24,7 +24,7 @@ FIX = "prompt-logprobs"
 PROMPT_LEN = 10
 
 
-def scenario_chunked_prompt_logprobs(skip_step: bool = True, prompt_logprobs: int = 2) -> dict:
+def _chunked_prompt_logprobs(skip_step: bool, prompt_logprobs: int) -> dict:
     import torch
 
     from gaudi_harness import builders
@@ -59,15 +59,29 @@ def scenario_chunked_prompt_logprobs(skip_step: bool = True, prompt_logprobs: in
     }
 
 
+def scenario_skipped_step() -> dict:
+    return _chunked_prompt_logprobs(skip_step=True, prompt_logprobs=2)
+
+
+def scenario_whole_vocabulary() -> dict:
+    return _chunked_prompt_logprobs(skip_step=False, prompt_logprobs=-1)
+
+
+@pytest.fixture(scope="module")
+def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
+    """({scenario: result} on pristine, same on patched): one child process per tree."""
+    return run_pristine_and_patched(__file__, ["scenario_skipped_step", "scenario_whole_vocabulary"], FIX,
+                                    vllm_gaudi_src, vllm_src, tmp_path_factory.mktemp("prompt-logprobs"))
+
+
 def _close(a, b, tol=1e-4):
     return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_partial_prompt_logprobs_survive_unscheduled_step(vllm_gaudi_src, vllm_src, tmp_path):
-    pristine, patched = run_pristine_and_patched(__file__, "scenario_chunked_prompt_logprobs", FIX, vllm_gaudi_src,
-                                                 vllm_src, tmp_path)
+def test_partial_prompt_logprobs_survive_unscheduled_step(results):
+    pristine, patched = (r["scenario_skipped_step"] for r in results)
     # The chunk computed after the skipped step is right on both trees ...
     assert pristine["token_ids"][4:] == pristine["expected_token_ids"][4:]
     # ... the chunk computed before it is lost on pristine (uninitialised rows) ...
@@ -82,9 +96,8 @@ def test_partial_prompt_logprobs_survive_unscheduled_step(vllm_gaudi_src, vllm_s
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_prompt_logprobs_minus_one_means_whole_vocabulary(vllm_gaudi_src, vllm_src, tmp_path):
-    pristine, patched = run_pristine_and_patched(__file__, "scenario_chunked_prompt_logprobs", FIX, vllm_gaudi_src,
-                                                 vllm_src, tmp_path, skip_step=False, prompt_logprobs=-1)
+def test_prompt_logprobs_minus_one_means_whole_vocabulary(results):
+    pristine, patched = (r["scenario_whole_vocabulary"] for r in results)
     assert pristine.get("error") == "RuntimeError: selected index k out of range", pristine
     assert "error" not in patched, patched
     assert patched["num_columns"] == 32 + 1  # the whole vocabulary plus the prompt token
