@@ -362,6 +362,9 @@ class InklingStream:
         # Reasoning pass while streaming: the delta in which reasoning ends is handed to the
         # tool pass unparsed (see _replay_prefix), so no block is cut in two passes.
         self.hand_off_after_reasoning = False
+        # No reasoning parser configured: thinking text is ordinary content (the whole
+        # response has no reasoning field to carry it, and streaming must agree).
+        self.reasoning_as_content = False
         self.reset(initial_state)
 
     def reset(self, initial_state: str = HEADER) -> None:
@@ -576,6 +579,9 @@ class InklingStream:
         self.state = CONTENT
 
     def _add_reasoning(self, text: str) -> None:
+        if self.reasoning_as_content:
+            self._add_content(text)
+            return
         text = self.reasoning_ws + text
         body = text.rstrip()
         self.reasoning_ws = text[len(body):]
@@ -821,7 +827,15 @@ class InklingPyToolParser(ToolParser):
         super().__init__(tokenizer, tools)
         self._stream = InklingStream(tokenizer, initial_state=CONTENT)
         self._streaming_started = False
-        self.skip_reasoning_parsing = False  # inert: Inkling has no reasoning-only markers
+
+    @property
+    def skip_reasoning_parsing(self) -> bool:
+        return self._stream.reasoning_as_content
+
+    @skip_reasoning_parsing.setter
+    def skip_reasoning_parsing(self, value: bool) -> None:
+        # vLLM's DelegatingParser sets this when no reasoning parser is configured.
+        self._stream.reasoning_as_content = value
 
     def adjust_request(self, request):
         # Not ToolParser.adjust_request: its JSON-schema constraint for "required"/named
@@ -835,6 +849,7 @@ class InklingPyToolParser(ToolParser):
 
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
         stream = InklingStream(self.model_tokenizer, initial_state=CONTENT)
+        stream.reasoning_as_content = self.skip_reasoning_parsing
         self._apply_tool_choice(stream, request)
         stream.feed(model_output)
         stream.finish()
