@@ -4,7 +4,9 @@ The checkpoint also carries the vision tower (`model.visual.*`), the audio tower
 and the MTP draft head (`model.mtp.*`). The port serves text only, so their bytes are never read:
 the loader parses each safetensors header (8-byte length + JSON), then reads only the byte ranges
 of the tensors it needs, and for a tensor-parallel rank only that rank's slice where the slice is
-contiguous (or a few large contiguous pieces).
+contiguous (or a few large contiguous pieces). Reads use O_DIRECT where the filesystem has it, so
+the kernel's readahead cannot run past a text range into the skipped tensors
+(benchmarks/text_only_load.py measures bytes read and throughput).
 
 Safetensors layout: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape,
 data_offsets: [begin, end]}, "__metadata__": {...}}, then the data section; offsets are relative
@@ -35,6 +37,9 @@ SAFETENSORS_DTYPES = {
 # Strided shards (sharded on a dim > 0) are read piece by piece when each piece is at least this
 # big; smaller pieces would cost more in syscalls than reading the whole tensor once.
 MIN_STRIDED_PIECE_BYTES = 1 << 20
+# O_DIRECT offsets, lengths and buffers are aligned to this; reads go in chunks of READ_CHUNK_BYTES.
+DIRECT_ALIGN = 4096
+READ_CHUNK_BYTES = 64 << 20
 # Upper bound on a sane header (safetensors itself refuses more than 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 
@@ -62,11 +67,13 @@ class TensorEntry:
 class TensorSpec:
     """What the model expects for one checkpoint tensor (full, unsharded shape).
 
-    shard_dim None means every rank loads the whole tensor (replicated)."""
+    shape None leaves the shape check to the caller; shard_dim None means every rank loads the
+    whole tensor (replicated); optional tensors may be absent (they are then not yielded)."""
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
     dtype: str | None = None
     shard_dim: int | None = None
+    optional: bool = False
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
@@ -168,9 +175,10 @@ class TextCheckpoint:
     def entry(self, spec: TensorSpec) -> TensorEntry:
         entry = self.text.get(spec.name)
         if entry is None:
-            raise CheckpointError(f"missing tensor {spec.name} (expected shape {list(spec.shape)}): not in "
+            shape = "any shape" if spec.shape is None else f"expected shape {list(spec.shape)}"
+            raise CheckpointError(f"missing tensor {spec.name} ({shape}): not in "
                                   f"any of the {len(self.files)} files under {self.dir}")
-        if entry.shape != tuple(spec.shape):
+        if spec.shape is not None and entry.shape != tuple(spec.shape):
             raise CheckpointError(f"misshapen tensor {spec.name} in {entry.file.name}: expected shape "
                                   f"{list(spec.shape)}, found {list(entry.shape)}")
         if spec.dtype is not None and entry.dtype != spec.dtype:
@@ -192,7 +200,7 @@ class TextCheckpoint:
             plan = [(e, None) for e in self.text.values()]
         else:
             specs = list(specs)
-            plan = [(self.entry(s), s) for s in specs]
+            plan = [(self.entry(s), s) for s in specs if not (s.optional and s.name not in self.text)]
             if not allow_unexpected:
                 asked = {s.name for s in specs}
                 extra = sorted(set(self.text) - asked)
@@ -200,65 +208,104 @@ class TextCheckpoint:
                     raise CheckpointError(f"{self.dir}: {len(extra)} text tensors the model does not expect, "
                                           f"e.g. {extra[:5]}: the config does not match the checkpoint")
         plan.sort(key=lambda item: (str(item[0].file), item[0].begin))
-        current_file, handle = None, None
+        reads = [_plan_read(entry, spec, rank, world_size) for entry, spec in plan]
+        reader = None
         try:
-            for entry, spec in plan:
-                if entry.file != current_file:
-                    if handle is not None:
-                        handle.close()
-                    handle = open(entry.file, "rb", buffering=0)
-                    current_file = entry.file
-                if spec is None or spec.shard_dim is None:
-                    tensor = _read_range(handle, entry, entry.begin, entry.end).view(entry.shape)
-                else:
-                    tensor = _read_shard(handle, entry, spec.shard_dim, rank, world_size)
-                yield entry.name, tensor
+            for read in reads:
+                if reader is None or reader.path != read.entry.file:
+                    if reader is not None:
+                        reader.close()
+                    reader = _FileReader(read.entry.file)
+                yield read.entry.name, reader.read(read)
         finally:
-            if handle is not None:
-                handle.close()
+            if reader is not None:
+                reader.close()
 
 
-def _read_into(handle, entry: TensorEntry, offset: int, out: memoryview) -> None:
-    done = 0
-    while done < len(out):
-        n = os.preadv(handle.fileno(), [out[done:]], offset + done)
-        if n == 0:
-            raise CheckpointError(f"{entry.file}: truncated while reading {entry.name}: got {done} of "
-                                  f"{len(out)} bytes at offset {offset}")
-        done += n
+@dataclass(frozen=True)
+class _Read:
+    """The byte ranges one tensor (or its rank's shard) needs, and how to shape them."""
+    entry: TensorEntry
+    ranges: tuple[tuple[int, int], ...]          # (absolute offset, length), in file order
+    shape: tuple[int, ...]                       # shape of the bytes read
+    narrow: tuple[int, int, int] | None = None   # (dim, start, length) to take after reading
 
 
-def _read_range(handle, entry: TensorEntry, begin: int, end: int) -> torch.Tensor:
-    """Bytes [begin, end) of the file as a 1-D tensor of the entry's dtype."""
-    buf = torch.empty(end - begin, dtype=torch.uint8)
-    _read_into(handle, entry, begin, memoryview(buf.numpy()))
-    return buf.view(SAFETENSORS_DTYPES[entry.dtype])
-
-
-def _read_shard(handle, entry: TensorEntry, dim: int, rank: int, world_size: int) -> torch.Tensor:
-    shape = entry.shape
+def _plan_read(entry: TensorEntry, spec: TensorSpec | None, rank: int, world_size: int) -> _Read:
+    if spec is None or spec.shard_dim is None:
+        return _Read(entry, ((entry.begin, entry.nbytes),), entry.shape)
+    shape, dim = entry.shape, spec.shard_dim
     if not 0 <= dim < len(shape):
         raise CheckpointError(f"{entry.name}: shard dim {dim} is out of range for shape {list(shape)}")
     if shape[dim] % world_size:
         raise CheckpointError(f"{entry.name}: dim {dim} of shape {list(shape)} is not divisible by the "
                               f"tensor-parallel size {world_size}")
     part = shape[dim] // world_size
-    itemsize = SAFETENSORS_DTYPES[entry.dtype].itemsize
-    inner = math.prod(shape[dim + 1:]) * itemsize          # bytes of one index along `dim`
-    outer = math.prod(shape[:dim])                         # contiguous pieces in the shard
+    inner = math.prod(shape[dim + 1:]) * SAFETENSORS_DTYPES[entry.dtype].itemsize   # bytes per index of dim
+    outer = math.prod(shape[:dim])                                                   # pieces in the shard
     piece, stride = part * inner, shape[dim] * inner
     out_shape = shape[:dim] + (part,) + shape[dim + 1:]
     first = entry.begin + rank * piece
-    if outer == 1:
-        return _read_range(handle, entry, first, first + piece).view(out_shape)
-    if piece >= MIN_STRIDED_PIECE_BYTES:
-        buf = torch.empty(outer * piece, dtype=torch.uint8)
-        view = memoryview(buf.numpy())
-        for i in range(outer):
-            _read_into(handle, entry, first + i * stride, view[i * piece:(i + 1) * piece])
-        return buf.view(SAFETENSORS_DTYPES[entry.dtype]).view(out_shape)
-    whole = _read_range(handle, entry, entry.begin, entry.end).view(shape)
-    return whole.narrow(dim, rank * part, part).contiguous()
+    if outer == 1 or piece >= MIN_STRIDED_PIECE_BYTES:
+        return _Read(entry, tuple((first + i * stride, piece) for i in range(outer)), out_shape)
+    return _Read(entry, ((entry.begin, entry.nbytes),), shape, narrow=(dim, rank * part, part))
+
+
+class _FileReader:
+    """Reads the planned byte ranges of one file, and (within 4 KiB alignment) only those.
+
+    O_DIRECT: each range goes from storage straight into the tensor's memory in large requests,
+    with no page-cache readahead (which would run past each text range into the skipped tower
+    tensors, up to read_ahead_kb each time). Filesystems without O_DIRECT (e.g. tmpfs, where the
+    page cache is the storage) get plain buffered reads."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.fd, self.direct = os.open(path, os.O_RDONLY | os.O_DIRECT), True
+        except OSError:
+            self.fd, self.direct = os.open(path, os.O_RDONLY), False
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def _fill(self, entry: TensorEntry, out: memoryview, offset: int, needed: int) -> None:
+        """Read into `out` from `offset` until at least `needed` bytes are in (EOF may cut the
+        alignment padding, never the tensor)."""
+        done = 0
+        while done < len(out):
+            n = os.preadv(self.fd, [out[done:done + READ_CHUNK_BYTES]], offset + done)
+            if n == 0:
+                break
+            done += n
+        if done < needed:
+            raise CheckpointError(f"{entry.file}: truncated while reading {entry.name}: got {done} of "
+                                  f"{needed} bytes at offset {offset}")
+
+    def _read_range(self, entry: TensorEntry, offset: int, length: int) -> torch.Tensor:
+        if not self.direct:
+            buf = torch.empty(length, dtype=torch.uint8)
+            self._fill(entry, memoryview(buf.numpy()), offset, length)
+            return buf
+        start = offset - offset % DIRECT_ALIGN
+        span = -(-(offset + length - start) // DIRECT_ALIGN) * DIRECT_ALIGN
+        # O_DIRECT needs an aligned buffer address too: over-allocate and start at the boundary.
+        raw = torch.empty(span + DIRECT_ALIGN, dtype=torch.uint8)
+        shift = -raw.data_ptr() % DIRECT_ALIGN
+        aligned = raw[shift:shift + span]
+        self._fill(entry, memoryview(aligned.numpy()), start, offset + length - start)
+        return aligned[offset - start:offset - start + length]
+
+    def read(self, read: _Read) -> torch.Tensor:
+        entry = read.entry
+        if len(read.ranges) == 1:
+            buf = self._read_range(entry, *read.ranges[0])
+        else:
+            buf = torch.cat([self._read_range(entry, offset, length) for offset, length in read.ranges])
+        tensor = buf.view(SAFETENSORS_DTYPES[entry.dtype]).view(read.shape)
+        if read.narrow is not None:
+            tensor = tensor.narrow(*read.narrow).contiguous()
+        return tensor
 
 
 def load_text_tensors(checkpoint_dir: str | os.PathLike, specs: Iterable[TensorSpec] | None = None,

@@ -202,3 +202,11 @@ def test_empty_directory_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"expected \*\.safetensors files, found none"):
         TextCheckpoint(tmp_path)
 
+
+
+def test_optional_tensor_may_be_absent(checkpoint):
+    ckpt_dir, _ = checkpoint
+    specs = [TensorSpec("model.llm.norm.weight", None),
+             TensorSpec("model.llm.layers.0.mlp.global_scale", (1,), optional=True)]
+    loaded = dict(TextCheckpoint(ckpt_dir).load(specs, allow_unexpected=True))
+    assert list(loaded) == ["model.llm.norm.weight"]
