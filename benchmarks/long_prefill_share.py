@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Long-prefill share (fix vllm-long-prefill-share) vs the stock vLLM 0.30.0 scheduler.
+
+16 decode streams run; then a 250,000-token prompt arrives. vLLM's real v1 Scheduler /
+AsyncScheduler decides every step; the step durations come from the cost model documented
+in tests/fixes/long_prefill_share_support/scenario.py (prefill chunk cost grows with its
+context depth; a 16-decode step costs ~35 ms; calibrated to 28.3 tok/s per stream and a
+~145 s prefill of 250K tokens alone on one Gaudi 2 node). Printed, for the pristine
+scheduler and the patched one with VLLM_LONG_PREFILL_SHARE=0.5 (async scheduling off, and on
+with and without VLLM_LONG_PREFILL_SHARE_ASYNC=1), all in one run:
+  - decode tokens/s per stream before the long prompt arrives and while it prefills,
+  - the long prompt's time to first token, and its ratio to its prefill time alone,
+  - the long chunks' share of time and the streams' longest inter-token gap.
+
+Times are modelled, so every run of a row gives the same figures (one run per row; the
+scheduling decisions themselves are vLLM's). The patched tree is made in a temporary
+directory by the fix-pack library (fallback: copy + `git apply` of the fix's patch).
+
+    python3 benchmarks/long_prefill_share.py [--vllm-src DIR] [--json]
+
+Needs a Python with vLLM 0.30.0's requirements (the test venv: tools/test_env.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIO = REPO / "tests" / "fixes" / "long_prefill_share_support" / "scenario.py"
+FIX = "vllm-long-prefill-share"
+NUM_STREAMS = 16
+AIM_DECODE_RATIO = 0.9   # decode rate during the prefill / before
+AIM_PREFILL_RATIO = 2.2  # long prompt's prefill time / its time alone
+
+ROWS = [
+    # (label, tree, async scheduling, variables)
+    ("pristine, sync", "pristine", False, {}),
+    ("pristine, async", "pristine", True, {}),
+    ("share 0.5, sync", "patched", False, {"VLLM_LONG_PREFILL_SHARE": "0.5"}),
+    ("share 0.5, async, ASYNC=1", "patched", True,
+     {"VLLM_LONG_PREFILL_SHARE": "0.5", "VLLM_LONG_PREFILL_SHARE_ASYNC": "1"}),
+    ("share 0.5, async, ASYNC=0", "patched", True, {"VLLM_LONG_PREFILL_SHARE": "0.5"}),
+]
+
+
+def make_patched_tree(vllm_src: Path, dest: Path) -> Path:
+    shutil.copytree(vllm_src / "vllm", dest / "vllm", symlinks=True)
+    try:
+        sys.path.insert(0, str(REPO))
+        from cookbook import api
+    except ImportError as exc:  # library dependencies missing: apply the patch with git
+        print(f"(fix-pack library unavailable: {exc}; using git apply)", file=sys.stderr)
+        patch = REPO / "fixes" / FIX / "vllm.patch"
+        subprocess.run(["git", "apply", str(patch)], cwd=dest, check=True)
+    else:
+        api.apply_unpinned("v0.30.0", {"vllm": dest}, [FIX])
+    return dest
+
+
+def run_scenario(tree: Path, vllm_src: Path, options: dict, variables: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(variables, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR",
+               PYTHONPATH=os.pathsep.join([str(tree), str(vllm_src)]))
+    proc = subprocess.run([sys.executable, str(SCENARIO), json.dumps(options)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"scenario failed ({options}, {variables}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def figures(result: dict) -> dict:
+    steps, arrival = result["steps"], result["arrival_step"]
+    first = result["first_token_step"]
+    if first is None or not result["long_finished"]:
+        raise SystemExit("the long prompt did not complete")
+    before = [s for s in steps[:arrival] if s["decode_tokens"] == NUM_STREAMS]
+    window = steps[arrival:first + 1]
+    window_time = sum(s["duration"] for s in window)
+    before_time = sum(s["duration"] for s in before)
+    return {
+        "decode_before": sum(s["decode_tokens"] for s in before) / before_time / NUM_STREAMS
+        if before else 0.0,
+        "decode_during": sum(s["decode_tokens"] for s in window) / window_time / NUM_STREAMS,
+        "ttft": steps[first]["end"] - result["arrival_time"],
+        "long_share": sum(s["duration"] for s in window if s["long_tokens"]) / window_time,
+        "longest_gap": max(s["duration"] for s in window),  # one token per stream per step
+        "steps": len(window),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-src", type=Path,
+                        help="pristine vLLM 0.30.0 sdist root (default: the cached one)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    args = parser.parse_args()
+    if args.vllm_src is None:
+        sys.path.insert(0, str(REPO))
+        from cookbook import upstream
+        args.vllm_src = upstream.vllm_source("0.30.0")
+    vllm_src = args.vllm_src.resolve()
+    if not (vllm_src / "vllm" / "v1" / "core" / "sched" / "scheduler.py").is_file():
+        raise SystemExit(f"{vllm_src} is not a vLLM source tree (no vllm/v1/core/sched/scheduler.py)")
+
+    with tempfile.TemporaryDirectory(prefix="lps-bench-") as tmp:
+        trees = {"pristine": vllm_src, "patched": make_patched_tree(vllm_src, Path(tmp))}
+        alone = figures(run_scenario(vllm_src, vllm_src,
+                                     {"num_decodes": 0, "steps_before": 0}, {}))["ttft"]
+        rows = []
+        for label, tree, is_async, variables in ROWS:
+            print(f"running: {label} ...", file=sys.stderr, flush=True)
+            result = run_scenario(trees[tree], vllm_src, {"async_scheduling": is_async},
+                                  variables)
+            rows.append((label, figures(result)))
+
+    print(f"\n250,000-token prompt arriving while {NUM_STREAMS} streams decode; modelled time "
+          f"(vLLM 0.30.0 scheduler decisions). Prefill alone: {alone:.1f} s.\n")
+    header = (f"{'scheduler':<28}{'tok/s/stream before':>20}{'during':>9}{'ratio':>8}"
+              f"{'TTFT s':>9}{'x alone':>9}{'long share':>12}{'max gap s':>11}")
+    print(header)
+    print("-" * len(header))
+    for label, f in rows:
+        print(f"{label:<28}{f['decode_before']:>20.1f}{f['decode_during']:>9.1f}"
+              f"{f['decode_during'] / f['decode_before']:>8.2f}{f['ttft']:>9.1f}"
+              f"{f['ttft'] / alone:>9.2f}{f['long_share']:>12.3f}{f['longest_gap']:>11.2f}")
+    print(f"\nAims: decode rate during the prefill >= {AIM_DECODE_RATIO}x the rate before; "
+          f"prefill time <= {AIM_PREFILL_RATIO}x alone.")
+    for label, f in rows:
+        decode_ok = f["decode_during"] / f["decode_before"] >= AIM_DECODE_RATIO
+        prefill_ok = f["ttft"] / alone <= AIM_PREFILL_RATIO
+        print(f"  {label:<28} decode aim {'met' if decode_ok else 'MISSED'}, "
+              f"prefill aim {'met' if prefill_ok else 'MISSED'}")
+    share_rows = [f for label, f in rows if label.startswith("share")]
+    print("\nWhy no setting meets both aims here: chunks and decodes run one after the other, "
+          "so if f is the part of the time spent on long-prompt chunks, decode rate during / "
+          "before <= 1 - f and prefill time / alone is about 1 / f. 0.9x decode needs f <= 0.1 "
+          "(prefill >= ~10x alone); <= 2.2x prefill needs f >= 0.45 (decode <= ~0.55x). "
+          "Median decode ratio over the share rows: "
+          f"{statistics.median(f['decode_during'] / f['decode_before'] for f in share_rows):.2f}.")
+    if args.json:
+        print(json.dumps({"prefill_alone_s": alone, "rows": dict(rows)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
