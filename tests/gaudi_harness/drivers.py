@@ -221,9 +221,25 @@ def with_bad_words(params, token_ids: list[list[int]]):
     return params
 
 
+def grammar_output(allowed: dict[str, list[int] | None], vocab_size: int):
+    """A real GrammarOutput: per structured-output request (in the given order) the allowed
+    tokens, None = all allowed. Bitmask layout as xgrammar's: bit t of word t // 32."""
+    from vllm.v1.core.sched.output import GrammarOutput
+
+    words = (vocab_size + 31) // 32
+    bitmask = np.zeros((len(allowed), words), dtype=np.int32)
+    for row, tokens in enumerate(allowed.values()):
+        if tokens is None:
+            bitmask[row] = -1
+            continue
+        for t in tokens:
+            bitmask[row, t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
+    return GrammarOutput(structured_output_request_ids=list(allowed), grammar_bitmask=bitmask)
+
+
 def batch_order(runner) -> list[str]:
     return list(runner.input_batch.req_ids)
 
 
 __all__ = ["BigramLogitsModel", "logits_table", "install_model", "StepDriver", "update_states", "order_batch",
-           "run_sampling", "record_sampling", "sampling_rows", "greedy_params", "random_params", "with_bad_words", "batch_order", "np"]
+           "run_sampling", "record_sampling", "sampling_rows", "greedy_params", "random_params", "with_bad_words", "grammar_output", "batch_order", "np"]
