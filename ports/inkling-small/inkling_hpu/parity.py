@@ -20,6 +20,7 @@ Config file: checkpoint config fields at the top level plus an optional "parity"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -221,6 +222,7 @@ class PortSession:
         free = list(range(self.num_blocks - 1))
         random.Random(seed).shuffle(free)            # scattered block ids: paging must not assume order
         self.tables = [free[r * blocks_per_request:(r + 1) * blocks_per_request] for r in range(num_requests)]
+        self.history: list[tuple[int, int]] = []     # (prefill chunks, decodes) per step
 
     def step(self, work: list[tuple[int, list[int], int]], padded: bool = False) -> list[torch.Tensor]:
         """work: (request, new tokens, num_computed). Returns each request's logits for its new tokens."""
@@ -234,6 +236,7 @@ class PortSession:
                         pad_prefill_rows_to=longest + 2, pad_prefill_requests_to=n_prefill + 1,
                         pad_decode_requests_to=n_decode + 1, pad_requests_to=len(chunks) + 1,
                         pad_blocks_to=len(self.tables[0]) + 1)
+        self.history.append((sum(len(c.token_ids) > 1 for c in chunks), sum(len(c.token_ids) == 1 for c in chunks)))
         meta = build_step_metadata(chunks, block_size=self.block_size,
                                    conv_kernel_size=self.model.config.conv_kernel_size,
                                    pad_block_id=self.pad_block, pad_conv_slot=self.pad_conv_slot, **pads)
@@ -252,69 +255,124 @@ def _diff(port: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
             "tokens": int(ref.shape[0])}
 
 
-def run_parity(raw_config: dict[str, Any], *, seed: int = 0, dtype_name: str = "float32",
-               knobs: Knobs | None = None) -> dict[str, Any]:
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-    knobs = read_knobs() if knobs is None else knobs
+@dataclass
+class Workload:
+    """The tokens and schedule every phase runs (the same for the reference and the port)."""
+
+    block_size: int
+    chunk_sizes: list[int]          # single request: prefill chunk sizes
+    single: list[int]               # single request: prompt + decode tokens
+    prompt_lens: list[int]          # mixed: prompt length per request
+    chunk: int                      # mixed: prefill chunk size
+    sequences: list[list[int]]      # mixed: prompt + decode tokens per request
+
+
+def make_workload(raw_config: dict[str, Any], vocab_out: int, seed: int) -> Workload:
     settings = {**DEFAULT_PARITY, **raw_config.get("parity", {})}
     mixed = {**DEFAULT_PARITY["mixed"], **settings.get("mixed", {})}
-    block_size = int(settings["block_size"])
-
-    reference = build_reference(raw_config, seed, dtype)
-    checkpoint = reference_to_checkpoint(reference)
-    model = build_port(raw_config, checkpoint, dtype, knobs)
-    vocab_out = model.config.vocab_out
     rng = random.Random(seed + 1)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(vocab_out) for _ in range(n)]
 
-    phases: dict[str, dict[str, float]] = {}
-    # one request: chunked prefill, then decode
     chunk_sizes = [int(n) for n in settings["prefill_chunks"]]
-    prompt_len, decode_steps = sum(chunk_sizes), int(settings["decode_steps"])
-    sequence = tokens(prompt_len + decode_steps)
-    ref = reference_logits(reference, sequence, vocab_out)
-    session = PortSession(model, block_size, len(sequence), num_requests=1, seed=seed)
-    got, done = [], 0
-    for size in chunk_sizes:
-        got += session.step([(0, sequence[done:done + size], done)])
-        done += size
-    phases["prefill_chunked"] = _diff(torch.cat(got), ref[:prompt_len])
-    got = []
-    for _ in range(decode_steps):
-        got += session.step([(0, sequence[done:done + 1], done)])
-        done += 1
-    phases["decode"] = _diff(torch.cat(got), ref[prompt_len:])
-
-    # several requests, staggered: steps mix prefill chunks and decodes (with padding)
     prompt_lens = [int(n) for n in mixed["prompt_lens"]]
-    chunk, m_decode = int(mixed["chunk"]), int(mixed["decode_steps"])
-    sequences = [tokens(n + m_decode) for n in prompt_lens]
-    refs = [reference_logits(reference, s, vocab_out) for s in sequences]
-    session = PortSession(model, block_size, max(map(len, sequences)), num_requests=len(sequences), seed=seed + 2)
+    return Workload(
+        block_size=int(settings["block_size"]),
+        chunk_sizes=chunk_sizes,
+        single=tokens(sum(chunk_sizes) + int(settings["decode_steps"])),
+        prompt_lens=prompt_lens,
+        chunk=int(mixed["chunk"]),
+        sequences=[tokens(n + int(mixed["decode_steps"])) for n in prompt_lens],
+    )
+
+
+def run_port(model: InklingForCausalLM, work: Workload, seed: int) -> dict[str, Any]:
+    """The port's logits per phase: {"prefill_chunked": [P, V], "decode": [D, V], "mixed": [[L_r, V]...]}."""
+    prompt_len = sum(work.chunk_sizes)
+    session = PortSession(model, work.block_size, len(work.single), num_requests=1, seed=seed)
+    prefill, done = [], 0
+    for size in work.chunk_sizes:
+        prefill += session.step([(0, work.single[done:done + size], done)])
+        done += size
+    decode = []
+    while done < len(work.single):
+        decode += session.step([(0, work.single[done:done + 1], done)])
+        done += 1
+
+    # several requests, staggered (request r arrives at step r): steps mix prefill chunks and
+    # decodes; every other step is padded to a larger bucket
+    sequences = work.sequences
+    session = PortSession(model, work.block_size, max(map(len, sequences)), num_requests=len(sequences),
+                          seed=seed + 2)
     done_by = [0] * len(sequences)
     got_by: list[list[torch.Tensor]] = [[] for _ in sequences]
     step = 0
     while any(done_by[r] < len(sequences[r]) for r in range(len(sequences))):
-        work = []
+        batch = []
         for r, sequence in enumerate(sequences):
             if step < r or done_by[r] >= len(sequence):
-                continue                               # request r arrives at step r
-            size = min(chunk, prompt_lens[r] - done_by[r]) if done_by[r] < prompt_lens[r] else 1
-            work.append((r, sequence[done_by[r]:done_by[r] + size], done_by[r]))
-        if work:
-            for (r, new, _), logits in zip(work, session.step(work, padded=step % 2 == 1)):
+                continue
+            prompt_left = work.prompt_lens[r] - done_by[r]
+            size = min(work.chunk, prompt_left) if prompt_left > 0 else 1
+            batch.append((r, sequence[done_by[r]:done_by[r] + size], done_by[r]))
+        if batch:
+            for (r, new, _), logits in zip(batch, session.step(batch, padded=step % 2 == 1)):
                 got_by[r].append(logits)
                 done_by[r] += len(new)
         step += 1
-    diffs = [_diff(torch.cat(g), ref) for g, ref in zip(got_by, refs)]
-    phases["mixed"] = {"max_abs": max(d["max_abs"] for d in diffs), "max_rel": max(d["max_rel"] for d in diffs),
-                       "tokens": sum(d["tokens"] for d in diffs), "steps": step}
+    return {"prefill_chunked": torch.cat(prefill), "decode": torch.cat(decode),
+            "mixed": [torch.cat(g) for g in got_by], "mixed_steps": step,
+            "mixed_step_kinds": session.history}
 
+
+def run_reference(reference: torch.nn.Module, work: Workload, vocab_out: int) -> dict[str, Any]:
+    prompt_len = sum(work.chunk_sizes)
+    single = reference_logits(reference, work.single, vocab_out)
+    return {"prefill_chunked": single[:prompt_len], "decode": single[prompt_len:],
+            "mixed": [reference_logits(reference, s, vocab_out) for s in work.sequences]}
+
+
+def compare(port: dict[str, Any], ref: dict[str, Any]) -> dict[str, dict[str, float]]:
+    phases = {name: _diff(port[name], ref[name]) for name in ("prefill_chunked", "decode")}
+    diffs = [_diff(p, r) for p, r in zip(port["mixed"], ref["mixed"])]
+    phases["mixed"] = {"max_abs": max(d["max_abs"] for d in diffs), "max_rel": max(d["max_rel"] for d in diffs),
+                       "tokens": sum(d["tokens"] for d in diffs), "steps": port["mixed_steps"],
+                       "steps_with_prefill_and_decode": sum(1 for p, d in port["mixed_step_kinds"] if p and d)}
+    return phases
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Run torch on one thread: tiny tensors gain nothing from the pool, and on a busy machine its
+    spinning threads make each small matmul ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_parity(raw_config: dict[str, Any], *, seed: int = 0, dtype_name: str = "float32",
+               knobs: Knobs | None = None) -> dict[str, Any]:
+    with single_thread():
+        return _run_parity(raw_config, seed, dtype_name, knobs)
+
+
+def _run_parity(raw_config: dict[str, Any], seed: int, dtype_name: str, knobs: Knobs | None) -> dict[str, Any]:
+    if dtype_name not in TOLERANCE:
+        raise ValueError(f"dtype must be one of {sorted(TOLERANCE)}; found {dtype_name!r}")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    knobs = read_knobs() if knobs is None else knobs
+    reference = build_reference(raw_config, seed, dtype)
+    model = build_port(raw_config, reference_to_checkpoint(reference), dtype, knobs)
+    vocab_out = model.config.vocab_out
+    work = make_workload(raw_config, vocab_out, seed)
+    phases = compare(run_port(model, work, seed), run_reference(reference, work, vocab_out))
     tolerance = TOLERANCE[dtype_name]
     ok = all(all(p[key] <= limit for key, limit in tolerance.items()) for p in phases.values())
-    return {"dtype": dtype_name, "seed": seed, "block_size": block_size, "knobs": knobs.as_env(),
+    return {"dtype": dtype_name, "seed": seed, "block_size": work.block_size, "knobs": knobs.as_env(),
             "tolerance": tolerance, "phases": phases, "ok": ok}
 
 

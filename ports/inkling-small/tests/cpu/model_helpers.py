@@ -1,0 +1,72 @@
+"""Shared setup for the model tests: import path, shipped configs, cached tiny checkpoints."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+PORT_ROOT = Path(__file__).resolve().parents[2]
+if str(PORT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PORT_ROOT))
+
+import torch  # noqa: E402
+
+from inkling_hpu import parity  # noqa: E402
+from inkling_hpu.model.knobs import Knobs  # noqa: E402
+
+CONFIG_DIR = PORT_ROOT / "inkling_hpu" / "configs"
+SHIPPED_CONFIGS = sorted(path.name for path in CONFIG_DIR.glob("*.json"))
+
+ALL_KNOBS_ON = Knobs(prefill_bias_budget=2048, local_window_prefill=True, moe_single_reduce=True,
+                     step_hoist=True, decode_window_plus1=True)
+ALL_KNOBS_OFF = Knobs()
+
+
+def load_config(name: str) -> dict:
+    return json.loads((CONFIG_DIR / name).read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_and_checkpoint(name: str, seed: int, dtype_name: str):
+    dtype = getattr(torch, dtype_name)
+    reference = parity.build_reference(load_config(name), seed, dtype)
+    return reference, parity.reference_to_checkpoint(reference)
+
+
+def reference_model(name: str, seed: int = 0, dtype_name: str = "float32"):
+    return _reference_and_checkpoint(name, seed, dtype_name)[0]
+
+
+def checkpoint(name: str, seed: int = 0, dtype_name: str = "float32") -> dict[str, torch.Tensor]:
+    """Checkpoint-named tensors (`model.llm.*`) of a seeded random reference model."""
+    return _reference_and_checkpoint(name, seed, dtype_name)[1]
+
+
+def port_model(name: str, knobs: Knobs = ALL_KNOBS_OFF, seed: int = 0, dtype_name: str = "float32"):
+    dtype = getattr(torch, dtype_name)
+    return parity.build_port(load_config(name), checkpoint(name, seed, dtype_name), dtype, knobs)
+
+
+def workload(name: str, seed: int = 0) -> parity.Workload:
+    raw = load_config(name)
+    vocab_out = parity.InklingPortConfig.from_dict(
+        {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}).vocab_out
+    return parity.make_workload(raw, vocab_out, seed)
+
+
+def max_abs_between(a: dict, b: dict) -> float:
+    """Largest logit difference between two run_port results, over every phase."""
+    diffs = [(a[k] - b[k]).abs().max().item() for k in ("prefill_chunked", "decode")]
+    diffs += [(x - y).abs().max().item() for x, y in zip(a["mixed"], b["mixed"])]
+    return max(diffs)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Import this fixture into a test module to run its tiny models on one torch thread."""
+    with parity.single_thread():
+        yield

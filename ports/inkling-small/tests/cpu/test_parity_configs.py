@@ -1,0 +1,95 @@
+"""Port logits vs transformers 5.24.0 InklingForCausalLM on every shipped tiny config."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import model_helpers as helpers
+from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
+from inkling_hpu import parity
+from inkling_hpu.model.config import InklingPortConfig
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config_name", helpers.SHIPPED_CONFIGS)
+@pytest.mark.parametrize("knobs", [helpers.ALL_KNOBS_OFF, helpers.ALL_KNOBS_ON], ids=["knobs-off", "knobs-on"])
+def test_fp32_parity_every_phase(config_name, knobs):
+    result = parity.run_parity(helpers.load_config(config_name), seed=0, dtype_name="float32", knobs=knobs)
+    phases = result["phases"]
+    assert set(phases) == {"prefill_chunked", "decode", "mixed"}
+    for name, phase in phases.items():
+        assert phase["max_abs"] <= 1e-4, (config_name, name, phase)
+    assert phases["mixed"]["steps_with_prefill_and_decode"] >= 1  # the mixed phase really mixes
+    assert result["ok"]
+
+
+def test_shipped_configs_cover_the_brief():
+    """GQA ratios, local/global and dense/MoE mixes, sequences past window and rel_extent,
+    chunk boundaries off the block grid, and the served block size 128."""
+    ratios, kinds, mlps, block_sizes = set(), set(), set(), set()
+    long_enough = unaligned = False
+    for name in helpers.SHIPPED_CONFIGS:
+        raw = helpers.load_config(name)
+        config = InklingPortConfig.from_dict({k: v for k, v in raw.items() if k != "parity"})
+        for layer in range(config.num_hidden_layers):
+            heads, kv, _ = config.attention_shape(layer)
+            ratios.add(heads // kv)
+            kinds.add(config.is_local(layer))
+            mlps.add(config.dense_layers[layer])
+        settings = raw["parity"]
+        prompt = sum(settings["prefill_chunks"])
+        long_enough |= prompt > config.rel_extent and prompt > config.sliding_window_size
+        bounds, total = [], 0
+        for size in settings["prefill_chunks"][:-1]:
+            total += size
+            bounds.append(total)
+        unaligned |= any(b % settings["block_size"] for b in bounds)
+        block_sizes.add(settings["block_size"])
+    assert {1, 2, 4} <= ratios
+    assert kinds == {True, False} and mlps == {True, False}
+    assert long_enough and unaligned and 128 in block_sizes
+
+
+@pytest.mark.timeout(300)
+def test_bf16_parity_within_tolerance():
+    result = parity.run_parity(helpers.load_config("tiny-gqa2-mix.json"), seed=1, dtype_name="bfloat16",
+                               knobs=helpers.ALL_KNOBS_ON)
+    assert result["ok"], result["phases"]
+
+
+def test_parity_has_teeth():
+    """A port with one wrong tensor (a global layer's relative-bias bank) fails the same comparison."""
+    name = "tiny-gqa2-mix.json"
+    model = helpers.port_model(name)
+    with torch.no_grad():
+        model.model.layers[3].self_attn.rel_logits_proj.proj.mul_(1.5)
+    work = helpers.workload(name)
+    ref = parity.run_reference(helpers.reference_model(name), work, model.config.vocab_out)
+    phases = parity.compare(parity.run_port(model, work, seed=0), ref)
+    assert phases["prefill_chunked"]["max_abs"] > 1e-2
+
+
+@pytest.mark.timeout(300)
+def test_cli_prints_json_and_exits_zero(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(helpers.PORT_ROOT)}
+    config = helpers.CONFIG_DIR / "tiny-gqa2-mix.json"
+    done = subprocess.run([sys.executable, "-m", "inkling_hpu.parity", "--config", str(config), "--seed", "3"],
+                          capture_output=True, text=True, env=env, timeout=280)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["ok"] and result["seed"] == 3
+    assert {"max_abs", "max_rel"} <= set(result["phases"]["decode"])
+
+    bad = tmp_path / "bad.json"
+    raw = helpers.load_config("tiny-gqa2-mix.json")
+    del raw["local_layer_ids"]
+    bad.write_text(json.dumps(raw))
+    done = subprocess.run([sys.executable, "-m", "inkling_hpu.parity", "--config", str(bad)],
+                          capture_output=True, text=True, env=env, timeout=280)
+    assert done.returncode == 2
+    assert "local_layer_ids" in done.stderr
