@@ -365,6 +365,9 @@ class InklingStream:
         # No reasoning parser configured: thinking text is ordinary content (the whole
         # response has no reasoning field to carry it, and streaming must agree).
         self.reasoning_as_content = False
+        # Whole-response reasoning pass: its content is lexed again by the tool pass, so
+        # literal text must not join across a removed marker into a marker string.
+        self.guard_marker_junctions = False
         self.reset(initial_state)
 
     def reset(self, initial_state: str = HEADER) -> None:
@@ -379,6 +382,7 @@ class InklingStream:
         self.finished = False
         # Visible content: leading whitespace waits until real text arrives.
         self.content_started = False
+        self.content_tail = ""
         self.pending_ws = ""
         self.tool_block_seen = False
         # Reasoning: trailing whitespace waits for more reasoning (dropped at the end).
@@ -496,7 +500,7 @@ class InklingStream:
         state = self.state
         if self.skip_tool_parsing:
             if self.in_skipped_tool_span and kind != CLOSE:
-                self._add_content(value)  # inside a tool payload a marker is payload text
+                self._add_content(value, markup=True)  # inside a payload: payload text
                 return
             if kind in (OPEN_TOOL, CLOSE) and self._skip_mode_marker(kind, value):
                 return
@@ -550,28 +554,45 @@ class InklingStream:
             # Opening a tool block (or closing reasoning inside one) ends reasoning.
             self.header_parts = []
             self._end_reasoning()
-            self._add_content(value)
+            self._add_content(value, markup=True)
         elif state == HEADER:
             self.header_parts = []
             self.state = CONTENT
-            self._add_content(value)
+            self._add_content(value, markup=True)
         elif state == CONTENT:
-            self._add_content(value)
+            self._add_content(value, markup=True)
         return True
 
     # ---- outputs -----------------------------------------------------------------------
 
-    def _add_content(self, text: str) -> None:
+    def _add_content(self, text: str, markup: bool = False) -> None:
         if not text:
             return
         if self.content_started:
-            self._content.append(text)
+            self._emit_content(text, markup)
         elif text.strip():
             self.content_started = True
-            self._content.append(self.pending_ws + text)
+            self._emit_content(self.pending_ws + text, markup)
             self.pending_ws = ""
         else:
             self.pending_ws += text
+
+    def _emit_content(self, text: str, markup: bool) -> None:
+        if self.guard_marker_junctions:
+            if not markup and self._joins_into_marker(self.content_tail, text):
+                self._content.append(END_MESSAGE)  # a no-op for the tool pass, in content
+            self.content_tail = (self.content_tail + text)[-self.lexer.max_len:]
+        self._content.append(text)
+
+    def _joins_into_marker(self, before: str, after: str) -> bool:
+        joined = before + after[: self.lexer.max_len]
+        for literal in self.lexer.literals:
+            start = joined.find(literal, max(0, len(before) - len(literal) + 1))
+            while 0 <= start < len(before):
+                if start + len(literal) > len(before):
+                    return True
+                start = joined.find(literal, start + 1)
+        return False
 
     def _end_reasoning(self) -> None:
         self.reasoning_ended = True
@@ -794,6 +815,7 @@ class InklingPyReasoningParser(ReasoningParser):
     def extract_reasoning(self, model_output: str, request) -> tuple[str | None, str | None]:
         stream = InklingStream(self.model_tokenizer)
         stream.skip_tool_parsing = True
+        stream.guard_marker_junctions = True
         stream.feed(model_output)
         stream.finish()
         reasoning = "".join(stream._reasoning) or None
