@@ -1,0 +1,225 @@
+"""The vllm-gaudi glue: the class vLLM builds for Inkling on HPU (HpuModelAdapter wraps it).
+
+All math is in inkling_hpu.model. This module only translates between vLLM / vllm-gaudi and it:
+- the vLLM config -> InklingPortConfig, the TP group's collectives, the start-up guards;
+- the checkpoint -> parameters, through inkling_hpu.loader (text tensors only, this rank's slabs);
+- vLLM's KV cache -> the model's paged KV: one vLLM `Attention` per decoder layer holds the layer's
+  cache, so vllm-gaudi's get_kv_cache_spec gives every layer a FullAttentionSpec at block 128 (one
+  KV group, FullAttentionSpecx<layers>); local layers apply their window inside attention;
+- vllm-gaudi's per-step attention metadata (HPUAttentionMetadataV1, prompt or decode) -> the
+  model's explicit StepMetadata (RequestChunk per request).
+Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
+
+What is not verified here: everything in this module runs only inside a vllm-gaudi worker (HPU
+KV cache layout, forward context); on CPU it imports, registers and builds its KV specs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from inkling_hpu import guards
+from inkling_hpu.loader import TensorSpec, TextCheckpoint
+from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, TensorParallel, build_step_metadata
+from inkling_hpu.model import weights as weight_table
+from inkling_hpu.model.modeling import InklingCaches, LayerCache
+
+logger = logging.getLogger("inkling_hpu")
+
+
+class ConvSlots:
+    """Which conv-state slot each live request owns.
+
+    vllm-gaudi passes no request ids to the model, so a request is recognised by the first block
+    of its block table, which no two live requests share without prefix caching. A request that
+    starts (position 0) takes a slot; the least recently used one is recycled when all are taken
+    (capacity is twice --max-num-seqs, so only long-finished requests lose theirs). A request that
+    arrives mid-sequence with no slot (a prefix-cache hit) cannot be served exactly and is refused.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.owner: OrderedDict[int, int] = OrderedDict()     # first block id -> slot
+
+    def slot(self, first_block: int, num_computed: int) -> int:
+        if num_computed == 0:
+            slot = self.owner.pop(first_block, None)
+            if slot is None:
+                slot = len(self.owner) if len(self.owner) < self.capacity else self.owner.popitem(last=False)[1]
+            self.owner[first_block] = slot
+            return slot
+        if first_block not in self.owner:
+            raise RuntimeError(
+                f"Inkling: a request resumes at position {num_computed} (first KV block {first_block}) with no "
+                "conv state in this worker: prefix-cache hits and resumed requests need the conv state of "
+                "their prefix, which this port keeps per request only.")
+        self.owner.move_to_end(first_block)
+        return self.owner[first_block]
+
+
+def _rank_and_collectives() -> TensorParallel:
+    from vllm.distributed import (get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
+                                  tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
+
+    size = get_tensor_model_parallel_world_size()
+    if size == 1:
+        return TensorParallel()
+    return TensorParallel(rank=get_tensor_model_parallel_rank(), size=size,
+                          all_reduce=tensor_model_parallel_all_reduce,
+                          all_gather_last_dim=lambda t: tensor_model_parallel_all_gather(t, dim=-1))
+
+
+def _gaudi_runtime_config():
+    """vllm-gaudi's resolved runtime flags (contiguous PA, merged prefill), when installed."""
+    try:
+        from vllm_gaudi.extension.runtime import get_config
+    except ImportError:
+        return None
+    return get_config()
+
+
+class HpuInklingForCausalLM(nn.Module):
+    """vLLM model class for Inkling on HPU: forward(input_ids, positions) -> hidden states."""
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__()
+        from vllm.model_executor.layers.attention import Attention
+
+        guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=_gaudi_runtime_config()))
+        self.vllm_config = vllm_config
+        self.config = InklingPortConfig.from_object(vllm_config.model_config.hf_config)
+        self.tp = _rank_and_collectives()
+        self.inkling = InklingForCausalLM(self.config, tp=self.tp)
+        self.inkling.cast(vllm_config.model_config.dtype)
+        self.block_size = vllm_config.cache_config.block_size
+        # One vLLM Attention per layer: it only holds the layer's KV cache (never called).
+        self.kv_holders = nn.ModuleList()
+        for i, layer in enumerate(self.inkling.model.layers):
+            attn = layer.self_attn
+            self.kv_holders.append(Attention(
+                num_heads=attn.num_heads, head_size=attn.head_dim, scale=1.0 / attn.head_dim,
+                num_kv_heads=attn.num_key_value_heads, cache_config=vllm_config.cache_config,
+                prefix=f"{prefix}model.layers.{i}.self_attn.attn"))
+        self.conv_slots = ConvSlots(2 * vllm_config.scheduler_config.max_num_seqs)
+        self._conv_state: list[dict[str, torch.Tensor]] | None = None
+        self._logged_kv_line = False
+
+    # --- weights --------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the text tensors ourselves and leave vLLM's iterator unstarted.
+
+        vLLM's DefaultModelLoader hands us a generator over every tensor of every file (vision,
+        audio and MTP included); a generator that is never iterated reads nothing. The port's loader
+        reads only `model.llm.*`, and only this rank's slab of each split tensor."""
+        del weights
+        checkpoint = TextCheckpoint(self._checkpoint_dir())
+        specs = []
+        for name in weight_table.expected_checkpoint_names(self.config, include_optional=True):
+            rule, _ = weight_table.resolve(name, self.config)
+            specs.append(TensorSpec(name, None, shard_dim=rule.dim if self.tp.size > 1 else None,
+                                    optional=rule.optional))
+        for name, piece in checkpoint.load(specs, rank=self.tp.rank, world_size=self.tp.size):
+            # `piece` is already this rank's slab: load it as a one-rank tensor.
+            weight_table.load_tensor(self.inkling, name, piece.to(self.inkling.dtype if piece.is_floating_point()
+                                                                   else piece.dtype), tp_rank=0, tp_size=1)
+        logger.info("Inkling: loaded %d text tensors (%.1f GB) from %s; skipped %d vision/audio/MTP tensors "
+                    "unread", len(specs), checkpoint.text_bytes / 1e9, checkpoint.dir, len(checkpoint.skipped))
+        return {name for name, _ in self.named_parameters()}
+
+    def _checkpoint_dir(self) -> str:
+        model = self.vllm_config.model_config.model
+        if os.path.isdir(model):
+            return model
+        from vllm.model_executor.model_loader.weight_utils import download_weights_from_hf
+
+        return download_weights_from_hf(model, self.vllm_config.load_config.download_dir, ["*.safetensors"],
+                                        revision=self.vllm_config.model_config.revision,
+                                        ignore_patterns=["mtp.safetensors"])
+
+    # --- caches ---------------------------------------------------------------------------------
+    def _caches(self) -> tuple[InklingCaches, int]:
+        """The model's view of vLLM's KV cache (bound by the runner) and the pad block id."""
+        layers, pad_block = [], None
+        if self._conv_state is None:
+            empty = self.inkling.allocate_caches(1, self.block_size, self.conv_slots.capacity + 1)
+            self._conv_state = [layer.conv for layer in empty.layers]
+        for holder, conv in zip(self.kv_holders, self._conv_state):
+            cache = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
+            key, value = cache                             # vllm-gaudi: [num_blocks * block, kv_heads, dim]
+            num_blocks = key.shape[0] // self.block_size
+            shape = (num_blocks, self.block_size) + tuple(key.shape[1:])
+            layers.append(LayerCache(key=key.view(shape), value=value.view(shape), conv=conv))
+            pad_block = num_blocks - 1                     # vllm-gaudi's _PAD_BLOCK_ID: the last block
+        if not self._logged_kv_line:
+            # The memory guard on the pool vLLM really allocated (vllm-gaudi adds one pad block).
+            max_model_len = self.vllm_config.model_config.max_model_len
+            refusal = guards.kv_pool_refusal(pad_block, self.block_size, max_model_len)
+            if refusal:
+                raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
+            logger.info("Inkling KV cache: 1 KV group (FullAttentionSpecx%d); %s", len(layers),
+                        guards.kv_pool_line(pad_block, self.block_size, max_model_len))
+            self._logged_kv_line = True
+        return InklingCaches(block_size=self.block_size, layers=layers), pad_block
+
+    # --- forward --------------------------------------------------------------------------------
+    def _chunks(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> list[tuple[int, RequestChunk]]:
+        """(row, RequestChunk) per real request of the step, from vllm-gaudi's metadata (on CPU)."""
+        ids, pos = input_ids.cpu(), positions.cpu()
+        block = self.block_size
+        chunks = []
+        if meta.is_prompt:
+            query_lens = meta.seq_lens_tensor.cpu().tolist()
+            context_lens = meta.context_lens_tensor.cpu().tolist()
+            slots = meta.slot_mapping.view(len(query_lens), -1).cpu()
+            context = (meta.block_list.view(len(query_lens), -1).cpu() if meta.block_list is not None
+                       else torch.empty(len(query_lens), 0, dtype=torch.long))
+            for row, (q, ctx) in enumerate(zip(query_lens, context_lens)):
+                if q <= 0:
+                    continue
+                table = context[row, :-(-ctx // block)].tolist() if ctx else []
+                for b in (slots[row, :q] // block).tolist():
+                    if b not in table[-1:]:
+                        table.append(int(b))
+                chunks.append((row, RequestChunk(ids[row, :q].tolist(), ctx, table,
+                                                 self.conv_slots.slot(table[0], ctx))))
+            return chunks
+        groups = meta.block_groups.cpu().tolist()
+        blocks = meta.block_list.cpu().tolist()
+        tables: dict[int, list[int]] = {}
+        for b, g in zip(blocks, groups):
+            if g >= 0:
+                tables.setdefault(g, []).append(int(b))
+        for row, table in sorted(tables.items()):
+            position = int(pos[row, 0])
+            chunks.append((row, RequestChunk([int(ids[row, 0])], position, table,
+                                             self.conv_slots.slot(table[0], position))))
+        return chunks
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds=None, **kwargs) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        meta = get_forward_context().attn_metadata
+        caches, pad_block = self._caches()
+        rows = self._chunks(input_ids, positions, meta)
+        step = build_step_metadata([c for _, c in rows], block_size=self.block_size,
+                                   conv_kernel_size=self.config.conv_kernel_size, pad_block_id=pad_block,
+                                   pad_conv_slot=self.conv_slots.capacity).to(input_ids.device)
+        hidden = self.inkling(step, caches)                # [real tokens, hidden]
+        # Back to the runner's [batch, seq] layout; padding rows stay zero.
+        out = hidden.new_zeros(input_ids.numel(), hidden.shape[-1])
+        seq = input_ids.shape[1] if input_ids.dim() == 2 else 1
+        flat_rows = [row * seq + i for row, chunk in rows for i in range(len(chunk.token_ids))]
+        out.index_copy_(0, torch.tensor(flat_rows, device=out.device), hidden[: len(flat_rows)])
+        return out.view(*input_ids.shape, -1)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.inkling.compute_logits(hidden_states)
+
+    def embed_input_ids(self, input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.inkling.model.embed_tokens(input_ids)

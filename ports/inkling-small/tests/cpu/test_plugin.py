@@ -1,0 +1,145 @@
+"""Plugin registration with the real vLLM 0.30.0 plugin loader and ModelRegistry, on CPU.
+
+The package is really installed (pip, into a scratch target directory) so vLLM finds the entry point
+through importlib.metadata exactly as in the image; vllm-gaudi is not installed here, so register()
+skips its plugins (the image has them; that path needs Habana's torch).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from inkling_hpu import models
+
+
+def test_entry_point_and_metadata_are_declared(port_dir):
+    project = tomllib.loads((port_dir / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "inkling_hpu"
+    assert project["project"]["version"] == "0.1.0"
+    assert project["project"]["entry-points"]["vllm.general_plugins"] == {"inkling_hpu": "inkling_hpu:register"}
+    # No torch / vllm dependency: pip must never pull a CUDA torch over Habana's.
+    assert project["project"]["dependencies"] == []
+    assert project["tool"]["setuptools"]["package-data"]["inkling_hpu"] == ["configs/*.json"]
+
+
+def test_lazy_target_names_the_glue_class():
+    assert models.LAZY_TARGET == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    assert "InklingForCausalLM" in models.ARCHITECTURES
+
+
+@pytest.fixture(scope="module")
+def installed(port_dir, tmp_path_factory) -> Path:
+    """`pip install --no-deps` of a copy of the port (pip writes build files next to the source)."""
+    scratch = tmp_path_factory.mktemp("plugin")
+    source = scratch / "src"
+    shutil.copytree(port_dir, source, ignore=shutil.ignore_patterns("tests", "__pycache__", "*.egg-info", "build"))
+    target = scratch / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--no-index", "--target", str(target), str(source)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return target
+
+
+def _run(installed: Path, vllm_src: Path, code: str, cwd: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=f"{installed}{os.pathsep}{vllm_src}", VLLM_TARGET_DEVICE="cpu",
+               HF_HUB_OFFLINE="1")
+    env.pop("VLLM_PLUGINS", None)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_vllm_plugin_loader_registers_lazy_class_guards_and_parsers(installed, vllm_src, tmp_path):
+    out = _run(installed, vllm_src, """
+        import json, sys
+        from importlib.metadata import entry_points
+        from vllm.plugins import load_general_plugins
+        declared = [ep.value for ep in entry_points(group="vllm.general_plugins") if ep.name == "inkling_hpu"]
+        load_general_plugins()
+        from vllm import ModelRegistry
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+        from vllm.tool_parsers import ToolParserManager
+        from vllm.reasoning import ReasoningParserManager
+        import inkling_hpu
+        entry = ModelRegistry.models["InklingForCausalLM"]
+        result = {
+            "declared": declared,
+            "plugin_file": inkling_hpu.__file__,
+            "registry_entry": type(entry).__name__,
+            "target": f"{entry.module_name}:{entry.class_name}",
+            "mm_target": "{0.module_name}:{0.class_name}".format(ModelRegistry.models["InklingForConditionalGeneration"]),
+            "glue_imported_at_registration": "inkling_hpu.hpu_glue" in sys.modules,
+            "habana_imported": any(m.startswith("habana_frameworks") for m in sys.modules),
+            "guard": getattr(MODELS_CONFIG_MAP.get("InklingForCausalLM"), "inkling_hpu_guard", False),
+            "tool_parser": ToolParserManager.get_tool_parser("inkling_py").__module__,
+            "reasoning_parser": ReasoningParserManager.get_reasoning_parser("inkling_py").__module__,
+        }
+        inkling_hpu.register()          # a second call (vLLM runs plugins once per process) is harmless
+        result["guard_not_rewrapped"] = MODELS_CONFIG_MAP["InklingForCausalLM"]._previous is None
+        cls = ModelRegistry._try_load_model_cls("InklingForCausalLM")
+        result["resolved"] = f"{cls.__module__}:{cls.__name__}"
+        result["habana_after_resolve"] = any(m.startswith("habana_frameworks") for m in sys.modules)
+        print(json.dumps(result))
+    """, tmp_path)
+    assert out["declared"] == ["inkling_hpu:register"]
+    assert out["plugin_file"].startswith(str(installed))
+    assert out["registry_entry"] == "_LazyRegisteredModel"
+    assert out["target"] == out["mm_target"] == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    assert out["glue_imported_at_registration"] is False
+    assert out["habana_imported"] is False
+    assert out["guard"] is True and out["guard_not_rewrapped"] is True
+    assert out["tool_parser"].startswith("inkling_hpu.parsers")
+    assert out["reasoning_parser"].startswith("inkling_hpu.parsers")
+    assert out["resolved"] == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    assert out["habana_after_resolve"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp_path):
+    """A real VllmConfig (EngineArgs -> create_engine_config) for an Inkling checkpoint folder holding
+    only config.json: the page's forbidden settings are refused while the config is built."""
+    model_dir = tmp_path / "inkling"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({
+        "architectures": ["InklingForCausalLM"], "model_type": "inkling_model", "vocab_size": 256,
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "local_layer_ids": [0], "sliding_window_size": 512, "rel_extent": 64,
+        "intermediate_size": 32, "dense_intermediate_size": 128, "dense_mlp_idx": 2,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+    out = _run(installed, vllm_src, f"""
+        import json
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        results = {{}}
+        cases = {{"block_64": dict(block_size=64),
+                  "fp8_kv": dict(block_size=128, kv_cache_dtype="fp8"),
+                  "small_pool": dict(block_size=128, num_gpu_blocks_override=16)}}
+        for name, kwargs in cases.items():
+            args = EngineArgs(model={str(model_dir)!r}, skip_tokenizer_init=True, max_model_len=4096,
+                              enforce_eager=True, **kwargs)
+            try:
+                args.create_engine_config()
+                results[name] = "accepted"
+            except Exception as exc:
+                results[name] = type(exc).__name__ + ": " + str(exc)
+        print(json.dumps(results))
+    """, tmp_path)
+    # VllmConfig is a pydantic dataclass: our ValueError reaches the user inside its ValidationError.
+    assert "Inkling-Small refuses to start: the conv-state snapshots cannot serve" in out["block_64"], out
+    assert "expected --block-size 128, found 64" in out["block_64"]
+    assert "expected auto or bfloat16, found fp8" in out["fp8_kv"], out["fp8_kv"]
+    assert "expected at least 33 blocks (4096 tokens" in out["small_pool"], out["small_pool"]
