@@ -60,7 +60,7 @@ def probe(base, profile, as_json):
     sys.exit(code)
 
 
-@main.command(epilog=engine.EXIT_CODES_HELP)
+@main.command("build", epilog=engine.EXIT_CODES_HELP)
 @click.option("--base", required=True, help="Base image (a stock vllm-gaudi releases/v0.30.0 image).")
 @click.option("--tag", required=True, help="Tag for the port image.")
 @click.option("--profile", default="v0.30.0", show_default=True,
@@ -68,12 +68,14 @@ def probe(base, profile, as_json):
 @click.option("--port-profile", default=engine.PORT_PROFILE, show_default=True,
               help="The port's one-fix series (its runner patch).")
 @click.option("--no-preflight", is_flag=True, help="Skip the CPU preflight inside the new image.")
+@click.option("--no-cache", is_flag=True, help="Build every step again (a cold build).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (progress on stderr).")
-def image(base, tag, profile, port_profile, no_preflight, as_json):
-    """Probe BASE, refuse it unless it is the profile's, build ports/inkling-small/Dockerfile on
+def build_port_image(base, tag, profile, port_profile, no_preflight, no_cache, as_json):
+    """`make image`: probe BASE, refuse it unless it is the profile's, build ports/inkling-small/Dockerfile on
     it, label the result and run the port's preflight inside it."""
     try:
-        result = engine.make_image(base, tag, profile, port_profile, not no_preflight, _log(as_json))
+        result = engine.make_image(base, tag, profile, port_profile, not no_preflight, _log(as_json),
+                                   nocache=no_cache)
     except engine.BuilderError as exc:
         _emit_error(exc, as_json)
     if as_json:

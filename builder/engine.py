@@ -211,14 +211,16 @@ class BuildResult:
 
 
 def build(client, context: Path, dockerfile: str, tag: str | None, buildargs: dict,
-          labels: dict | None = None, log: Log = stderr_log, fileobj=None) -> BuildResult:
+          labels: dict | None = None, log: Log = stderr_log, fileobj=None,
+          nocache: bool = False) -> BuildResult:
     """Build and stream the log: each step with the seconds since the start, cache hits marked."""
     start = time.monotonic()
     result = BuildResult(image_id="", seconds=0.0)
     kwargs = dict(fileobj=fileobj, custom_context=True) if fileobj is not None else dict(path=str(context))
     try:
         stream = client.api.build(dockerfile=dockerfile, tag=tag, buildargs=buildargs, labels=labels,
-                                  rm=True, forcerm=True, pull=False, decode=True, **kwargs)
+                                  rm=True, forcerm=True, pull=False, decode=True, nocache=nocache,
+                                  **kwargs)
         pending = ""
         for chunk in stream:
             if "error" in chunk:
@@ -368,7 +370,8 @@ class ImageResult:
 
 
 def make_image(base: str, tag: str, profile: str = "v0.30.0", port_profile: str = PORT_PROFILE,
-               run_preflight: bool = True, log: Log = stderr_log, client=None) -> ImageResult:
+               run_preflight: bool = True, log: Log = stderr_log, client=None,
+               nocache: bool = False) -> ImageResult:
     """`make image`: probe the base, refuse a mismatch, build the port image, label, preflight."""
     prof = load_profile(profile)
     load_profile(port_profile)
@@ -384,7 +387,7 @@ def make_image(base: str, tag: str, profile: str = "v0.30.0", port_profile: str 
     log(f"building {PORT_DOCKERFILE} on {base}")
     built = build(client, REPO, PORT_DOCKERFILE, None,
                   {"BASE": base, "COOKBOOK_PROFILE": in_image(profile),
-                   "COOKBOOK_PORT_PROFILE": in_image(port_profile)}, log=log)
+                   "COOKBOOK_PORT_PROFILE": in_image(port_profile)}, log=log, nocache=nocache)
     # The preflight runs on the built image before labelling (labels change no file); it also
     # reports the stamps the labels name, so one container does both.
     report = None

@@ -1,0 +1,109 @@
+"""A real Docker engine for the docker tests: installed (docker.io) when missing, started with
+the vfs storage driver and no networking when no daemon runs, stopped at the end if started here."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import base_images  # noqa: E402
+
+DOCKERD_ARGS = ["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
+
+
+def _daemon_up() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=10).ping()
+        return True
+    except Exception:
+        return False
+
+
+def _install_docker() -> str | None:
+    """None when dockerd is available afterwards, else why not."""
+    if shutil.which("dockerd"):
+        return None
+    if os.geteuid() != 0:
+        return "dockerd is not installed and installing docker.io needs root"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "docker.io"]):
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"`{' '.join(cmd)}` failed: {exc}"
+        if proc.returncode != 0:
+            return f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}"
+    return None if shutil.which("dockerd") else "docker.io installed no dockerd"
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A docker SDK client connected to a running daemon (started here if none runs)."""
+    import docker
+
+    started = None
+    if not _daemon_up():
+        why = _install_docker()
+        if why:
+            pytest.skip(f"no Docker engine: {why}")
+        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / "cookbook-tests-dockerd.log", "ab")
+        started = subprocess.Popen(["dockerd", *DOCKERD_ARGS], stdout=log, stderr=log,
+                                   start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not _daemon_up():
+            if started.poll() is not None or time.monotonic() > deadline:
+                started.kill()
+                pytest.fail(f"dockerd {' '.join(DOCKERD_ARGS)} did not come up; see {log.name}")
+            time.sleep(1)
+    client = docker.from_env(timeout=1800)
+    yield client
+    client.close()
+    if started is not None:
+        started.terminate()
+        try:
+            started.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            started.kill()
+
+
+def _base(docker_engine, vllm_version: str, edit: str | None = None) -> str:
+    from cookbook import upstream
+
+    tree = upstream.vllm_source(vllm_version)
+    key = base_images.content_key(vllm_version, edit)
+    name = f"{base_images.IMAGE_REPO}/base-vllm-{vllm_version}{'-edited' if edit else ''}:{key}"
+    return base_images.build_base(docker_engine, tree, name, edit_installed=edit)
+
+
+@pytest.fixture(scope="session")
+def base_v030(docker_engine) -> str:
+    """Stock layout: vLLM v0.30.0 + vllm-gaudi at the test commit (real source or stand-in)."""
+    return _base(docker_engine, "0.30.0")
+
+
+@pytest.fixture(scope="session")
+def base_v026(docker_engine) -> str:
+    """The same layout with vLLM v0.26.0: a wrong base."""
+    return _base(docker_engine, "0.26.0")
+
+
+@pytest.fixture(scope="session")
+def base_edited(docker_engine) -> str:
+    """The v0.30.0 base with one installed vLLM file changed after the install."""
+    return _base(docker_engine, "0.30.0", edit="vllm/v1/core/sched/scheduler.py")
+
+
+@pytest.fixture(scope="session")
+def has_vllm_gaudi_source() -> bool:
+    return bool(os.environ.get("VLLM_GAUDI_MIRROR") or os.environ.get("VLLM_GAUDI_SRC"))
+
