@@ -8,8 +8,13 @@ steps run the decodes alone, and the prompt still completes without losing progr
 Patched with the variables unset: the very same SchedulerOutputs as pristine. Bad values stop
 start-up with a message naming the variable, the value and the allowed range.
 
-Each scenario runs in its own process (tests/fixes/long_prefill_share_support/scenario.py)
-with PYTHONPATH=<vllm tree>:<pristine sdist root>; see that file for the step-time model.
+The engine core's timing hook is checked with vLLM's real EngineCore loop (sync `step` and
+async `step_with_batch_queue`) over `ModelledTimeDevice`, an executor test double standing in
+for the device (engine_scenario.py): every step is reported once and the share holds.
+
+Each scenario runs in its own process (tests/fixes/long_prefill_share_support/scenario.py,
+engine_scenario.py) with PYTHONPATH=<vllm tree>:<pristine sdist root>; see scenario.py for
+the step-time model.
 """
 
 from __future__ import annotations
@@ -176,3 +181,42 @@ def test_variables_registered_and_bad_values_fail_at_startup(trees, vllm_src):
             f"ValueError: Invalid value {value!r} for {name}: expected {expected}.")
     for case, outcome in zip(GOOD_VALUES, patched[len(BAD_VALUES):]):
         assert outcome == {"validate_environ": "ok", "scheduler": "ok"}, case
+
+
+@pytest.fixture(scope="module")
+def engine_scenario(trees, vllm_src):
+    def run(tree_name: str, async_scheduling: bool, **variables: str) -> dict:
+        result, _ = run_support("engine_scenario.py", trees[tree_name], vllm_src,
+                                {"async_scheduling": async_scheduling}, variables)
+        steps = result["steps"]
+        last_long = max(i for i, s in enumerate(steps) if s["long_tokens"])
+        result["window"] = steps[result["arrival_index"]:last_long + 1]
+        return result
+    return run
+
+
+ENGINE_SHARE_TOLERANCE = 0.1  # real sleeps and host overhead on a shared machine
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["step", "step_with_batch_queue"])
+def test_engine_core_reports_step_times(engine_scenario, async_scheduling):
+    """The real EngineCore loop over a device test double whose steps take (scaled) modelled
+    time: the patched engine core reports every step's wall-clock duration to the scheduler
+    exactly once, and the long chunks' share of that time holds."""
+    if not async_scheduling:  # pristine: the engine core has no reports, every step is long
+        pristine = engine_scenario("pristine", False)
+        assert not pristine["reports_watched"]
+        assert all(s["long_tokens"] for s in pristine["window"])
+    variables = {"VLLM_LONG_PREFILL_SHARE": str(SHARE), "VLLM_LONG_PREFILL_SHARE_ASYNC": "1"}
+    result = engine_scenario("patched", async_scheduling, **variables)
+    window = result["window"]
+    assert result["long_output_tokens"] == 2
+    assert all(s["reported"] is not None for s in result["steps"]), "a step was not reported"
+    reported_total = sum(s["reported"] for s in window)
+    long_share = sum(s["reported"] for s in window if s["long_tokens"]) / reported_total
+    assert abs(long_share - SHARE) <= ENGINE_SHARE_TOLERANCE, f"reported long share {long_share:.3f}"
+    # The reports measure the device: a long step's reported time covers its device time.
+    scale = result["options"]["time_scale"]
+    ratios = sorted(s["reported"] / (s["modelled"] * scale) for s in window if s["long_tokens"])
+    assert ratios[len(ratios) // 2] >= 0.9
+    assert sum(1 for s in window if not s["long_tokens"]) > len(ratios)
