@@ -1,0 +1,118 @@
+"""The checkpoint name table: complete, TP splits that reproduce TP=1, clear refusals."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import model_helpers as helpers
+from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
+from inkling_hpu import parity
+from inkling_hpu.model import modeling, weights
+from inkling_hpu.model.config import InklingPortConfig
+
+
+def _config(name: str) -> InklingPortConfig:
+    return helpers.port_model(name).config
+
+
+@pytest.mark.parametrize("config_name", helpers.SHIPPED_CONFIGS)
+def test_table_maps_the_reference_checkpoint_onto_every_port_tensor(config_name):
+    model = helpers.port_model(config_name)
+    names = set(helpers.checkpoint(config_name))
+    assert names == set(weights.expected_checkpoint_names(model.config, include_optional=True))
+    targets = {weights.resolve(n, model.config)[0].names(weights.resolve(n, model.config)[1])[1] for n in names}
+    assert targets == set(model.state_dict())
+    # the four fused shards tile qkvr_proj's rows exactly
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        assert sum(attention.split_sizes) == attention.qkvr_proj.weight.shape[0]
+
+
+def test_every_rule_says_how_it_splits():
+    for rule in weights.CHECKPOINT_TO_PORT:
+        assert rule.checkpoint.startswith("model.llm.")
+        assert (rule.parallel == "replicated") == (rule.dim is None)
+        assert rule.parallel in {"column", "row", "replicated"}
+
+
+def test_towers_and_mtp_are_skipped_and_unknown_text_tensors_refused():
+    name = "tiny-gqa2-mix.json"
+    model = modeling.InklingForCausalLM(_config(name), knobs=helpers.ALL_KNOBS_OFF)
+    tensors = dict(helpers.checkpoint(name))
+    tensors["model.visual.layers.linear_0.weight"] = torch.zeros(3)
+    tensors["model.audio.encoder.weight"] = torch.zeros(3)
+    tensors["model.mtp.layers.0.input_proj.weight"] = torch.zeros(3)
+    loaded = weights.load_checkpoint(model, tensors)
+    assert not any(n.startswith(("model.visual.", "model.audio.", "model.mtp.")) for n in loaded)
+    with pytest.raises(weights.WeightError, match="not a text-backbone tensor"):
+        weights.load_tensor(model, "model.llm.layers.0.attn.wz_du.weight", torch.zeros(3))
+    with pytest.raises(weights.WeightError, match="layer kind 'moe'"):
+        weights.load_tensor(model, "model.llm.layers.0.mlp.gate.weight", torch.zeros(10, 32))
+
+
+def test_wrong_shape_and_missing_tensors_are_refused():
+    name = "tiny-gqa2-mix.json"
+    model = modeling.InklingForCausalLM(_config(name), knobs=helpers.ALL_KNOBS_OFF)
+    with pytest.raises(weights.WeightError, match=r"expected shape \(16, 32\).*found \(9, 32\)"):
+        weights.load_tensor(model, "model.llm.layers.3.attn.wk_dv.weight", torch.zeros(9, 32))
+    partial = {k: v for k, v in helpers.checkpoint(name).items() if "wo_ud" not in k}
+    with pytest.raises(weights.WeightError, match="missing 4 text tensors: model.llm.layers.0.attn.wo_ud.weight"):
+        weights.load_checkpoint(model, partial)
+
+
+class ThreadGroup:
+    """Collectives between ranks that run as threads of this process (sum and concat in rank order)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=120)
+        self.slots: list[torch.Tensor | None] = [None] * size
+
+    def _exchange(self, rank: int, tensor: torch.Tensor, combine) -> torch.Tensor:
+        self.slots[rank] = tensor
+        self.barrier.wait()
+        result = combine(list(self.slots))
+        self.barrier.wait()
+        return result
+
+    def parallel(self, rank: int) -> modeling.TensorParallel:
+        def add(parts):
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            return total
+
+        return modeling.TensorParallel(
+            rank=rank, size=self.size,
+            all_reduce=lambda t: self._exchange(rank, t, add),
+            all_gather_last_dim=lambda t: self._exchange(rank, t, lambda parts: torch.cat(parts, dim=-1)))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config_name", ["tiny-gqa2-mix.json", "tiny-gqa4-long.json"])
+def test_tensor_parallel_two_ranks_match_one(config_name):
+    """Each rank loads the full checkpoint through the table (its own slabs); logits match TP=1."""
+    config, tensors, work = _config(config_name), helpers.checkpoint(config_name), helpers.workload(config_name)
+    single = parity.run_port(helpers.port_model(config_name, helpers.ALL_KNOBS_ON), work, 0)
+    group, results, errors = ThreadGroup(2), [None, None], []
+
+    def rank_main(rank: int) -> None:
+        try:
+            with parity.single_thread():
+                model = modeling.InklingForCausalLM(config, tp=group.parallel(rank), knobs=helpers.ALL_KNOBS_ON)
+                weights.load_checkpoint(model, tensors, tp_rank=rank, tp_size=2)
+                results[rank] = parity.run_port(model.eval(), work, 0)
+        except BaseException as error:   # surface a rank's failure instead of a barrier timeout
+            errors.append(error)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert helpers.max_abs_between(results[0], results[1]) == 0.0
+    assert helpers.max_abs_between(results[0], single) <= 1e-5
