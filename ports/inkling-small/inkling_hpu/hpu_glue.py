@@ -83,6 +83,23 @@ def _gaudi_runtime_config():
     return get_config()
 
 
+def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.PathLike) -> TextCheckpoint:
+    """Fill `model` (this rank's shapes, model.tp) from the checkpoint's `model.llm.*` tensors.
+
+    The loader reads only this rank's slab of each split tensor (the split dims come from the
+    model's name table), which is then loaded as a one-rank tensor. Every required tensor must be
+    present and every text tensor must be expected, or CheckpointError names what differs."""
+    checkpoint = TextCheckpoint(checkpoint_dir)
+    tp = model.tp
+    specs = []
+    for name in weight_table.expected_checkpoint_names(model.config, include_optional=True):
+        rule, _ = weight_table.resolve(name, model.config)
+        specs.append(TensorSpec(name, None, shard_dim=rule.dim if tp.size > 1 else None, optional=rule.optional))
+    for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size):
+        weight_table.load_tensor(model, name, piece, tp_rank=0, tp_size=1)
+    return checkpoint
+
+
 class HpuInklingForCausalLM(nn.Module):
     """vLLM model class for Inkling on HPU: forward(input_ids, positions) -> hidden states."""
 
@@ -114,21 +131,11 @@ class HpuInklingForCausalLM(nn.Module):
         """Load the text tensors ourselves and leave vLLM's iterator unstarted.
 
         vLLM's DefaultModelLoader hands us a generator over every tensor of every file (vision,
-        audio and MTP included); a generator that is never iterated reads nothing. The port's loader
-        reads only `model.llm.*`, and only this rank's slab of each split tensor."""
+        audio and MTP included); a generator that is never iterated reads nothing."""
         del weights
-        checkpoint = TextCheckpoint(self._checkpoint_dir())
-        specs = []
-        for name in weight_table.expected_checkpoint_names(self.config, include_optional=True):
-            rule, _ = weight_table.resolve(name, self.config)
-            specs.append(TensorSpec(name, None, shard_dim=rule.dim if self.tp.size > 1 else None,
-                                    optional=rule.optional))
-        for name, piece in checkpoint.load(specs, rank=self.tp.rank, world_size=self.tp.size):
-            # `piece` is already this rank's slab: load it as a one-rank tensor.
-            weight_table.load_tensor(self.inkling, name, piece.to(self.inkling.dtype if piece.is_floating_point()
-                                                                   else piece.dtype), tp_rank=0, tp_size=1)
-        logger.info("Inkling: loaded %d text tensors (%.1f GB) from %s; skipped %d vision/audio/MTP tensors "
-                    "unread", len(specs), checkpoint.text_bytes / 1e9, checkpoint.dir, len(checkpoint.skipped))
+        checkpoint = load_text_checkpoint(self.inkling, self._checkpoint_dir())
+        logger.info("Inkling: loaded %.1f GB of text tensors from %s; %d vision/audio/MTP tensors left unread",
+                    checkpoint.text_bytes / 1e9, checkpoint.dir, len(checkpoint.skipped))
         return {name for name, _ in self.named_parameters()}
 
     def _checkpoint_dir(self) -> str:

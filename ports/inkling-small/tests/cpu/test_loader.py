@@ -210,3 +210,32 @@ def test_optional_tensor_may_be_absent(checkpoint):
              TensorSpec("model.llm.layers.0.mlp.global_scale", (1,), optional=True)]
     loaded = dict(TextCheckpoint(ckpt_dir).load(specs, allow_unexpected=True))
     assert list(loaded) == ["model.llm.norm.weight"]
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_glue_loads_rank_slabs_exactly_like_the_full_tensor_path(tmp_path, tp_size):
+    """hpu_glue.load_text_checkpoint (this loader, reading only each rank's slab) fills the port
+    model exactly as the model's own name table does from full tensors."""
+    from inkling_hpu import parity
+    from inkling_hpu.hpu_glue import load_text_checkpoint
+    from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, TensorParallel
+    from inkling_hpu.model import weights as weight_table
+    from inkling_hpu.model.knobs import Knobs
+
+    raw = json.loads((Path(parity.__file__).parent / "configs" / "tiny-gqa2-mix.json").read_text())
+    tensors = {k: v.contiguous() for k, v in
+               parity.reference_to_checkpoint(parity.build_reference(raw, 0, torch.float32)).items()}
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[::2]} | {"model.visual.final_norm.weight": torch.ones(8)},
+              tmp_path / "model-00001-of-00002.safetensors")
+    save_file({n: tensors[n] for n in names[1::2]}, tmp_path / "model-00002-of-00002.safetensors")
+    config = InklingPortConfig.from_dict({k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS})
+    for rank in range(tp_size):
+        tp = TensorParallel(rank=rank, size=tp_size)
+        ours = InklingForCausalLM(config, tp=tp, knobs=Knobs())
+        theirs = InklingForCausalLM(config, tp=tp, knobs=Knobs())
+        load_text_checkpoint(ours, tmp_path)
+        weight_table.load_checkpoint(theirs, tensors, tp_rank=rank, tp_size=tp_size)
+        expected = dict(theirs.state_dict())
+        for name, value in ours.state_dict().items():
+            assert torch.equal(value, expected[name]), (rank, name)
