@@ -27,6 +27,7 @@ def install() -> None:
 
     _check_hpu_platform()
     _shim_pin_memory_off()
+    _shim_pinned_tensor_literals()
     _compat_group_mm_kwargs_by_modality()
     _shim_h2d_default_device_cpu()
     _installed = True
@@ -70,6 +71,23 @@ def _shim_pin_memory_off() -> None:
         pass
     import vllm.utils.platform_utils as platform_utils
     platform_utils.is_pin_memory_available = lambda: False
+
+
+def _shim_pinned_tensor_literals() -> None:
+    """vllm-gaudi writes torch.tensor(..., pin_memory=True) literally (apply_grammar_bitmask); a
+    Gaudi host has a pinned-memory allocator, CPU-only torch has none and raises. On CPU pinning
+    changes nothing observable, so torch.tensor ignores pin_memory here."""
+    import torch
+
+    if getattr(torch.tensor, "_gaudi_harness_shim", False):
+        return
+    real_tensor = torch.tensor
+
+    def tensor(*args, pin_memory=False, **kwargs):
+        return real_tensor(*args, **kwargs)
+
+    tensor._gaudi_harness_shim = True
+    torch.tensor = tensor
 
 
 def compat_group_mm_kwargs_by_modality(*args, **kwargs):
