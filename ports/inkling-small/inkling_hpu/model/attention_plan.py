@@ -33,7 +33,7 @@ class ChunkPlan:
     block_index: torch.Tensor      # [G * nb] block ids to gather from the cache
     num_keys: int                  # nb * block_size
     masked: torch.Tensor           # [G, 1, Lc, S] bool: True = not attended
-    bias_index: torch.Tensor       # [G, H, Lc, S] long into rel logits [G, H, Lc, E] flattened
+    bias_index: torch.Tensor       # [G, Lc, S] long: row of rel logits viewed as [G*Lc*E, heads]
     bias_valid: torch.Tensor       # [G, 1, Lc, S] bool: distance in [0, rel_extent)
     tau: torch.Tensor | None       # [G, Lc] fp32 log-scaling factor (global layers), else None
 
@@ -62,7 +62,7 @@ def _chunk_rows(group: AttentionGroup, kind: AttentionKind, block_size: int, kno
     if group.is_decode or budget <= 0:
         return rows
 
-    def cost(lc: int) -> int:
+    def cost(lc: int) -> int:   # bytes of the bias block [G, H, Lc, S]
         nb = blocks_for_rows(kind, lc, block_size, cols) if windowed else cols
         return group.num_requests * kind.num_heads * lc * nb * block_size * BIAS_BYTES_PER_ELEMENT
 
@@ -116,11 +116,10 @@ def _plan_chunk(group: AttentionGroup, kind: AttentionKind, block_size: int, row
         masked = masked | (distance >= kind.window)
     bias_valid = (distance >= 0) & (distance < kind.rel_extent)
     clamped = distance.clamp(0, kind.rel_extent - 1)
-    heads = kind.num_heads
-    row_base = ((torch.arange(num_requests, device=device)[:, None, None] * heads
-                 + torch.arange(heads, device=device)[None, :, None]) * lc
-                + torch.arange(lc, device=device)[None, None, :]) * kind.rel_extent     # [G, H, Lc]
-    bias_index = row_base[:, :, :, None] + clamped[:, None, :, :]
+    # one index per (request, query row, key), shared by all heads: rows of rel logits [G*Lc*E, H]
+    row_base = (torch.arange(num_requests, device=device)[:, None] * lc
+                + torch.arange(lc, device=device)[None, :]) * kind.rel_extent            # [G, Lc]
+    bias_index = row_base[:, :, None] + clamped
 
     tau = None
     if not is_local and kind.log_scaling_n_floor is not None:

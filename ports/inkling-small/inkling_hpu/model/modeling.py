@@ -131,8 +131,10 @@ class InklingRelativeLogits(nn.Module):
         rel_logits = relative_states @ self.proj                                     # [G, Lc, H, E]
         if plan.tau is not None:
             rel_logits = (rel_logits.float() * plan.tau[:, :, None, None]).to(rel_logits.dtype)
-        flat = rel_logits.permute(0, 2, 1, 3).reshape(-1)
-        bias = flat.index_select(0, plan.bias_index.reshape(-1)).view(plan.bias_index.shape)
+        num_requests, rows, heads, extent = rel_logits.shape
+        by_distance = rel_logits.permute(0, 1, 3, 2).reshape(num_requests * rows * extent, heads)
+        bias = by_distance.index_select(0, plan.bias_index.reshape(-1))              # [G*Lc*S, H]
+        bias = bias.view(*plan.bias_index.shape, heads).permute(0, 3, 1, 2)          # [G, H, Lc, S]
         return bias.masked_fill(~plan.bias_valid, 0.0)
 
 

@@ -124,7 +124,8 @@ def test_bias_budget_chunks_prefill_under_the_budget():
     assert len(bounded) > 1
     assert sum(p.row_end - p.row_start for p in bounded) == 2048
     for plan in bounded:
-        assert plan.bias_index.numel() * BIAS_BYTES_PER_ELEMENT <= budget
+        requests, _, rows, keys = plan.masked.shape
+        assert requests * GLOBAL.num_heads * rows * keys * BIAS_BYTES_PER_ELEMENT <= budget
 
 
 def test_local_window_prefill_reads_only_the_window_blocks():
