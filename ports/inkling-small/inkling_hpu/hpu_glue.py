@@ -189,6 +189,11 @@ class HpuInklingForCausalLM(nn.Module):
                 if q <= 0:
                     continue
                 table = context[row, :-(-ctx // block)].tolist() if ctx else []
+                if len(table) * block < ctx or -1 in table:
+                    raise RuntimeError(
+                        f"Inkling: a prefill chunk at position {ctx} came without the block ids of its context "
+                        f"(block_list {'absent' if meta.block_list is None else 'short'}): the prompt bucket "
+                        "vllm-gaudi chose has no room for them, and attention would miss the context.")
                 for b in (slots[row, :q] // block).tolist():
                     if b not in table[-1:]:
                         table.append(int(b))

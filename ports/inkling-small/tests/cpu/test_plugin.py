@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from inkling_hpu import models
+# The harness also loads this file in its scenario process, where conftest.py has not run.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from inkling_hpu import models  # noqa: E402
 
 
 def test_entry_point_and_metadata_are_declared(port_dir):
@@ -143,3 +145,84 @@ def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp
     assert "expected --block-size 128, found 64" in out["block_64"]
     assert "expected auto or bfloat16, found fp8" in out["fp8_kv"], out["fp8_kv"]
     assert "expected at least 33 blocks (4096 tokens" in out["small_pool"], out["small_pool"]
+
+
+# --- hpu_glue on vllm-gaudi's real runner metadata -------------------------------------------------
+GLUE_CONFIG = {
+    "architectures": ["InklingForCausalLM"], "model_type": "inkling_model", "vocab_size": 32,
+    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "local_layer_ids": [0], "sliding_window_size": 512, "rel_extent": 64, "d_rel": 16,
+    "intermediate_size": 32, "dense_intermediate_size": 128, "dense_mlp_idx": 2,
+    "max_position_embeddings": 4096, "torch_dtype": "float32",
+}
+
+
+def scenario_glue_chunks(port_dir: str) -> list:
+    """A: 300-token prompt in chunks of 200 and 100, then two decodes; B joins for the decodes.
+    Every model call of the real runner (token ids, positions, trimmed attention metadata, exactly
+    what the model receives) goes through hpu_glue's conversion to RequestChunks."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from gaudi_harness import builders
+    from gaudi_harness import drivers as d
+    from vllm_gaudi.v1.worker.hpu_model_runner import trim_attn_metadata
+
+    from inkling_hpu.hpu_glue import ConvSlots, HpuInklingForCausalLM
+
+    model_dir = Path(tempfile.mkdtemp(prefix="inkling_glue_"))
+    (model_dir / "config.json").write_text(json.dumps(GLUE_CONFIG))
+    # Prefix caching on, as on the page's server (and vLLM's default).
+    runner = builders.make_runner(builders.make_vllm_config(model_dir, max_model_len=2048,
+                                                            enable_prefix_caching=True))
+    d.install_model(runner, d.logits_table(builders.VOCAB_SIZE, default=[3]))
+    # What initialize_kv_cache sets (the harness allocates no KV cache): without it the prompt
+    # fallback buckets drop the context blocks (bucketing/common.py generate_fallback_bucket).
+    runner.bucketing_manager.num_hpu_blocks = 64
+    glue = SimpleNamespace(block_size=runner.block_size, conv_slots=ConvSlots(8))
+    calls = []
+    execute = runner._execute_model_generic
+
+    def recording(token_ids, position_ids, attn_metadata, *args, **kwargs):
+        chunks = HpuInklingForCausalLM._chunks(glue, token_ids, position_ids, trim_attn_metadata(attn_metadata))
+        calls.append([{"row": row, "tokens": list(c.token_ids), "num_computed": c.num_computed,
+                       "blocks": list(c.block_ids), "conv_slot": c.conv_slot} for row, c in chunks])
+        return execute(token_ids, position_ids, attn_metadata, *args, **kwargs)
+
+    runner._execute_model_generic = recording
+    steps = d.StepDriver(runner)
+    prompt = [1 + i % 30 for i in range(300)]
+    steps.add("A", prompt, d.greedy_params())
+    steps.step({"A": 200})
+    steps.step({"A": 100})
+    steps.add("B", [5, 6, 7], d.greedy_params())
+    steps.step({"A": 1, "B": 3})
+    steps.step({"A": 1, "B": 1})
+    return {"calls": calls, "blocks": {r: steps.reqs[r].block_ids for r in ("A", "B")},
+            "outputs": {r: steps.reqs[r].outputs for r in ("A", "B")}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_glue_reads_requests_from_real_runner_metadata(vllm_gaudi_src, vllm_src, port_dir):
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_glue_chunks", vllm_gaudi_src, vllm_src, timeout=600,
+                       port_dir=str(port_dir))
+    a, b = out["blocks"]["A"], out["blocks"]["B"]
+    prompt = [1 + i % 30 for i in range(300)]
+    calls = out["calls"]
+    flat = [chunk for call in calls for chunk in call]
+    # prefill chunk 1 and 2 of A (the second reads its 200-token context through block_list)
+    assert flat[0] == {"row": 0, "tokens": prompt[:200], "num_computed": 0, "blocks": a[:2], "conv_slot": 0}
+    assert flat[1] == {"row": 0, "tokens": prompt[200:], "num_computed": 200, "blocks": a[:3], "conv_slot": 0}
+    # B's prompt (a prefill) and A's first decode: A keeps its conv slot, B gets a new one
+    a_token = out["outputs"]["A"][0]
+    b_prefill = [c for c in flat[2:] if c["num_computed"] == 0]
+    a_decodes = [c for c in flat[2:] if c["blocks"][0] == a[0]]
+    assert b_prefill == [{"row": 0, "tokens": [5, 6, 7], "num_computed": 0, "blocks": b[:1], "conv_slot": 1}]
+    assert [c["num_computed"] for c in a_decodes] == [300, 301]
+    assert a_decodes[0]["tokens"] == [a_token] and all(c["blocks"] == a[:3] and c["conv_slot"] == 0 for c in a_decodes)
+    b_decode = [c for c in flat[2:] if c["blocks"][0] == b[0] and c["num_computed"] > 0]
+    assert b_decode == [{"row": b_decode[0]["row"], "tokens": [out["outputs"]["B"][0]], "num_computed": 3,
+                         "blocks": b[:1], "conv_slot": 1}]
