@@ -325,14 +325,14 @@ class ToolCallScanner:
 
 
 class ToolSlot:
-    __slots__ = ("index", "scanner", "id", "name_sent", "args_sent", "closed", "accepted")
+    __slots__ = ("index", "scanner", "id", "name_sent", "unsent", "closed", "accepted")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.scanner = ToolCallScanner()
         self.id: str | None = None
         self.name_sent = False
-        self.args_sent = 0  # number of argument characters already streamed
+        self.unsent: list[str] = []  # argument text scanned but not streamed yet
         self.closed = False
         self.accepted = False
 
@@ -624,7 +624,9 @@ class InklingStream:
         slot = self.slots[-1]
         if slot.closed:
             return
-        slot.scanner.feed(text)
+        arguments = slot.scanner.feed(text)
+        if arguments:
+            slot.unsent.append(arguments)
         if slot not in self._touched:
             self._touched.append(slot)
 
@@ -653,19 +655,15 @@ class InklingStream:
                 args = scanner.arguments
                 if slot.closed and scanner.args_state in (0, 1):
                     args = "{}"
-                slot.args_sent = len(args)
+                slot.unsent = []
                 deltas.append(DeltaToolCall(
                     index=slot.index, id=slot.id, type="function",
                     function=DeltaFunctionCall(name=scanner.name, arguments=args or None),
                 ))
                 continue
-            arguments = scanner.args_parts
-            total = "".join(arguments)
-            if len(arguments) > 1:
-                scanner.args_parts = [total]
-            new = total[slot.args_sent:]
+            new = "".join(slot.unsent)
+            slot.unsent = []
             if new:
-                slot.args_sent += len(new)
                 deltas.append(DeltaToolCall(index=slot.index, function=DeltaFunctionCall(arguments=new)))
         # A closed block has sent everything it ever will.
         self._touched = [s for s in self._touched if not s.closed]
