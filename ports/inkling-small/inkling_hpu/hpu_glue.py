@@ -157,7 +157,9 @@ class HpuInklingForCausalLM(nn.Module):
             self._conv_state = [layer.conv for layer in empty.layers]
         for holder, conv in zip(self.kv_holders, self._conv_state):
             cache = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
-            key, value = cache                             # vllm-gaudi: [num_blocks * block, kv_heads, dim]
+            # vllm-gaudi binds (key, value, key_scales, value_scales), each cache
+            # [(num_blocks + 1) * block, kv_heads, dim]: the extra last block is its pad block.
+            key, value = cache[0], cache[1]
             num_blocks = key.shape[0] // self.block_size
             shape = (num_blocks, self.block_size) + tuple(key.shape[1:])
             layers.append(LayerCache(key=key.view(shape), value=value.view(shape), conv=conv))
