@@ -60,9 +60,12 @@ def build_reference(raw_config: dict[str, Any], seed: int, dtype: torch.dtype):
 
     hf_kwargs = {k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS}
     hf_config = InklingTextConfig(**hf_kwargs)
-    hf_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     reference = ReferenceLM(hf_config).eval()
+    # the readable implementations: eager attention (honours the bias) and the per-expert loop
+    # (transformers' default grouped_mm needs 16-byte strides that tiny bf16 shapes do not have)
+    reference.config._attn_implementation = "eager"
+    reference.config._experts_implementation = "eager"
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, tensor in list(reference.named_parameters()) + list(reference.named_buffers()):

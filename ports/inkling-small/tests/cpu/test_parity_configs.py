@@ -56,8 +56,9 @@ def test_shipped_configs_cover_the_brief():
 
 
 @pytest.mark.timeout(300)
-def test_bf16_parity_within_tolerance():
-    result = parity.run_parity(helpers.load_config("tiny-gqa2-mix.json"), seed=1, dtype_name="bfloat16",
+@pytest.mark.parametrize("config_name", helpers.SHIPPED_CONFIGS)
+def test_bf16_parity_within_tolerance(config_name):
+    result = parity.run_parity(helpers.load_config(config_name), seed=1, dtype_name="bfloat16",
                                knobs=helpers.ALL_KNOBS_ON)
     assert result["ok"], result["phases"]
 
