@@ -226,3 +226,107 @@ def test_glue_reads_requests_from_real_runner_metadata(vllm_gaudi_src, vllm_src,
     b_decode = [c for c in flat[2:] if c["blocks"][0] == b[0] and c["num_computed"] > 0]
     assert b_decode == [{"row": b_decode[0]["row"], "tokens": [out["outputs"]["B"][0]], "num_computed": 3,
                          "blocks": b[:1], "conv_slot": 1}]
+
+
+def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
+    """The port served by vllm-gaudi's real runner on CPU: HpuInklingForCausalLM inside vllm-gaudi's
+    real HpuModelAdapter, KV tensors in vllm-gaudi's layout bound to its Attention holders, weights
+    loaded by the text-only loader; a chunked prefill (7 + 13 tokens) and greedy decodes go through
+    execute_model + sample_tokens. Returns the sampled tokens and the model's own greedy tokens for
+    the same schedule without runner or glue."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+    from vllm.config import set_current_vllm_config
+    from vllm_gaudi.v1.worker.hpu_model_runner import HpuModelAdapter
+
+    from gaudi_harness import builders
+    from gaudi_harness import drivers as d
+    from inkling_hpu import parity
+    from inkling_hpu.hpu_glue import HpuInklingForCausalLM, load_text_checkpoint
+
+    raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / "tiny-gqa2-mix.json").read_text())
+    model_dir = Path(tempfile.mkdtemp(prefix="inkling_e2e_"))
+    config = {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}
+    # vLLM's InklingModelConfig defaults these to what the big checkpoint does not use; a real
+    # checkpoint config states them.
+    config.update(architectures=["InklingForCausalLM"], model_type="inkling_model",
+                  max_position_embeddings=4096, torch_dtype="float32", shared_expert_sink=True,
+                  norm_after_topk=True, gate_activation="sigmoid", inference_moe_w13_interleaved=True)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    reference = parity.build_reference(raw, 0, torch.float32)
+    save_file({k: v.contiguous() for k, v in parity.reference_to_checkpoint(reference).items()},
+              model_dir / "model.safetensors")
+
+    vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048, enable_prefix_caching=True)
+    runner = builders.make_runner(vllm_config)
+    runner.bucketing_manager.num_hpu_blocks = 64     # what initialize_kv_cache sets
+    if float32:
+        # The HPU platform serves bf16; fp32 makes the port comparable to transformers exactly.
+        vllm_config.model_config.dtype = torch.float32
+    with set_current_vllm_config(vllm_config):
+        glue = HpuInklingForCausalLM(vllm_config=vllm_config)
+        load_text_checkpoint(glue.inkling, model_dir)
+        for holder, layer in zip(glue.kv_holders, glue.inkling.model.layers):
+            attn = layer.self_attn
+            shape = (65 * runner.block_size, attn.num_key_value_heads, attn.head_dim)
+            holder.kv_cache = [(torch.zeros(shape, dtype=glue.inkling.dtype), torch.zeros(shape, dtype=glue.inkling.dtype),
+                                None, None)]
+        runner.model = HpuModelAdapter(glue, vllm_config)
+    runner.kv_caches = []
+    prompt = [(7 * i + 3) % raw["unpadded_vocab_size"] for i in range(20)]
+    steps = d.StepDriver(runner)
+    steps.add("A", prompt, d.greedy_params())
+    steps.step({"A": 7})
+    steps.step({"A": 13})
+    for _ in range(5):
+        steps.step({"A": 1})
+    sampled = steps.reqs["A"].outputs
+
+    # The same schedule straight through the model (no runner, no glue), in the dtype vLLM chose
+    # (the HPU platform serves bf16): the runner path must give exactly these tokens.
+    from inkling_hpu.model import RequestChunk, build_step_metadata
+
+    model = glue.inkling
+    caches = model.allocate_caches(2, runner.block_size, 2)
+    tokens, direct, schedule = list(prompt), [], [(0, 7), (7, 13)] + [(20 + i, 1) for i in range(5)]
+    with torch.inference_mode():
+        for start, size in schedule:
+            step = build_step_metadata([RequestChunk(tokens[start:start + size], start, [0], 0)],
+                                       block_size=runner.block_size, conv_kernel_size=4, pad_block_id=1,
+                                       pad_conv_slot=1)
+            if start + size == len(tokens):
+                direct.append(int(model.compute_logits(model(step, caches)[-1:]).argmax()))
+                tokens.append(direct[-1])
+            else:
+                model(step, caches)
+        reference_tokens, ref_ids = [], list(prompt)
+        for _ in range(len(sampled)):       # transformers, fp32, for information
+            logits = reference(torch.tensor([ref_ids])).logits[0, -1, : raw["unpadded_vocab_size"]]
+            reference_tokens.append(int(logits.argmax()))
+            ref_ids.append(reference_tokens[-1])
+    return {"sampled": sampled, "direct": direct, "dtype": str(model.dtype), "reference_fp32": reference_tokens}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_glue_through_the_real_runner_gives_the_model_s_own_tokens(vllm_gaudi_src, vllm_src, port_dir):
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
+                       port_dir=str(port_dir))
+    assert len(out["sampled"]) == 6
+    assert out["dtype"] == "torch.bfloat16"          # vLLM's dtype on the HPU platform
+    assert out["sampled"] == out["direct"], out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(vllm_gaudi_src, vllm_src, port_dir):
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
+                       port_dir=str(port_dir), float32=True)
+    assert out["dtype"] == "torch.float32"
+    assert out["sampled"] == out["direct"] == out["reference_fp32"], out
