@@ -38,7 +38,8 @@ from inkling_hpu.model.weights import load_checkpoint
 
 TOLERANCE = {
     "float32": {"max_abs": 1e-4},
-    # bf16: both sides round at different points (fused projection, GQA layout, conv sum order)
+    # bf16: the port mostly matches the reference bit for bit, but a different matmul split (fused
+    # projection, chunked queries) can move a logit by a few bf16 ulps
     "bfloat16": {"max_rel": 0.05},
 }
 DEFAULT_PARITY = {

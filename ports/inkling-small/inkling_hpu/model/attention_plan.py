@@ -6,7 +6,6 @@ every layer of that kind; otherwise each layer builds its own. Both give the sam
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -134,7 +133,3 @@ def plan_step(groups: list[AttentionGroup], kind: AttentionKind, block_size: int
     """Plans for every attention group of a step, for one layer kind."""
     return [plan_group(group, kind, block_size, knobs) for group in groups]
 
-
-def log_scaling_tau(position: int, n_floor: int, alpha: float) -> float:
-    """tau(pos) = 1 + alpha * log(max((pos + 1) / n_floor, 1)) (documentation helper for tests)."""
-    return 1.0 + alpha * math.log(max((position + 1) / n_floor, 1.0))
