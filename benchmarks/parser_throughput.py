@@ -8,7 +8,8 @@ tool parser, tool_choice "auto"), fed token by token through parse_delta as the 
 on the same corpus: outputs of thinking, text and tool calls whose arguments are large JSON
 objects (about 60% of the tokens: four calls, or one per 2K tokens past 8K), then closing text. Tokens are 1-6 characters (markers
 are single tokens). Prints the median tokens/s of each parser per length, the ratio, and the
-time per token relative to the shortest length (flat = linear streaming cost).
+time per token relative to the shortest length (flat = linear streaming cost). Times are the
+process's CPU time (the test machine is shared; wall time measures the other tenants too).
 
 vLLM re-reads a tool call's whole argument text for every character of it, so its cost grows
 with the square of each call's argument length (hence the cap on call size: uncapped, one
@@ -19,8 +20,10 @@ vLLM run at 64K tokens takes tens of minutes). At 64K one vLLM run still takes m
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
+import os
 import statistics
 import sys
 import time
@@ -114,7 +117,7 @@ def stream(name: str, tokens, tokenizer) -> tuple[float, tuple]:
     last = len(tokens) - 1
     calls: dict[int, list[str]] = {}
     content_chars = reasoning_chars = 0
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the machine is shared, wall time is not ours
     for i, (token_id, text) in enumerate(tokens):
         delta = parser.parse_delta(text, [token_id], request,
                                    prompt_token_ids=pc.GEN_PROMPT if i == 0 else None,
@@ -124,7 +127,7 @@ def stream(name: str, tokens, tokenizer) -> tuple[float, tuple]:
             reasoning_chars += len(delta.reasoning or "")
             for tc in delta.tool_calls or []:
                 calls.setdefault(tc.index, []).append(tc.function.arguments or "")
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     summary = (content_chars, reasoning_chars, {k: len("".join(v)) for k, v in calls.items()})
     return elapsed, summary
 
@@ -141,29 +144,37 @@ def main() -> int:
     warm = make_output(512, seed=1, tokenizer=tokenizer)
     for name in ("inkling_py", "inkling"):
         stream(name, warm, tokenizer)
-    rows = []
-    for length in args.lengths:
-        tokens = make_output(length, seed=length, tokenizer=tokenizer)
-        times = {"inkling_py": [], "inkling": []}
-        summaries = {}
-        vllm_runs = args.runs if length < 32768 else min(args.runs, args.vllm_runs_64k)
-        for run in range(args.runs):
+    outputs = {length: make_output(length, seed=length, tokenizer=tokenizer)
+               for length in args.lengths}
+    times = {(length, name): [] for length in outputs for name in ("inkling_py", "inkling")}
+    summaries = {}
+    # Rounds interleave lengths and parsers (the machine's load drifts); short outputs get
+    # more runs so every median covers about as many tokens; GC starts clean for each run.
+    for round_ in range(args.runs):
+        for length, tokens in outputs.items():
+            repeats = max(1, min(8, 8192 // length))
             for name in ("inkling_py", "inkling"):
-                if name == "inkling" and run >= vllm_runs:
+                if name == "inkling" and length >= 32768 and round_ >= args.vllm_runs_64k:
                     continue
-                elapsed, summary = stream(name, tokens, tokenizer)
-                times[name].append(elapsed)
-                summaries[name] = summary
-        if summaries["inkling_py"] != summaries["inkling"]:
-            print(f"warning: outputs differ at {length}: {summaries}", file=sys.stderr)
-        ours = len(tokens) / statistics.median(times["inkling_py"])
-        vllm = len(tokens) / statistics.median(times["inkling"])
-        rows.append((length, len(tokens), ours, vllm, len(times["inkling_py"]), len(times["inkling"])))
-        print(f"... {length}: {len(tokens)} tokens, ours {ours:,.0f} tok/s, vLLM {vllm:,.0f} tok/s",
-              file=sys.stderr, flush=True)
+                for _ in range(repeats):
+                    gc.collect()
+                    elapsed, summary = stream(name, tokens, tokenizer)
+                    times[length, name].append(elapsed)
+                    summaries[length, name] = summary
+        print(f"... round {round_ + 1}/{args.runs} done", file=sys.stderr, flush=True)
+    rows = []
+    for length, tokens in outputs.items():
+        if summaries[length, "inkling_py"] != summaries[length, "inkling"]:
+            print(f"warning: outputs differ at {length}", file=sys.stderr)
+        ours = len(tokens) / statistics.median(times[length, "inkling_py"])
+        vllm = len(tokens) / statistics.median(times[length, "inkling"])
+        rows.append((length, len(tokens), ours, vllm, len(times[length, "inkling_py"]),
+                     len(times[length, "inkling"])))
 
     base_ours = 1 / rows[0][2]
     base_vllm = 1 / rows[0][3]
+    print(f"streamed token by token through DelegatingParser; medians of process CPU time; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'length':>8} {'tokens':>7} {'inkling_py tok/s':>17} {'vLLM inkling tok/s':>19} "
           f"{'ratio':>7} {'us/tok ours':>12} {'us/tok vLLM':>12} {'ours vs 1st':>12} "
           f"{'vLLM vs 1st':>12} {'runs':>7}")
