@@ -23,6 +23,7 @@ Loadable two ways: `inkling_hpu.parsers.register()`, or `--tool-parser-plugin <t
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from functools import cached_property
@@ -81,6 +82,18 @@ def new_tool_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().int & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+@functools.lru_cache(maxsize=16)
+def _lexer_tables(literal_items: tuple[tuple[str, int], ...]):
+    """Lookup tables for a set of literals, shared by every request of a tokenizer."""
+    literals = dict(literal_items)
+    first_chars = frozenset(lit[0] for lit in literals)
+    prefixes = frozenset(lit[:i] for lit in literals for i in range(1, len(lit)))
+    by_first: dict[str, list[str]] = {}
+    for lit in sorted(literals, key=len, reverse=True):  # longest first at one position
+        by_first.setdefault(lit[0], []).append(lit)
+    return literals, first_chars, prefixes, max(len(lit) for lit in literals), by_first
+
+
 class MarkerLexer:
     """Splits streamed text into text pieces and markers.
 
@@ -89,14 +102,8 @@ class MarkerLexer:
     """
 
     def __init__(self, literals: dict[str, int]) -> None:
-        self.literals = literals
-        self.first_chars = frozenset(lit[0] for lit in literals)
-        self.prefixes = frozenset(lit[:i] for lit in literals for i in range(1, len(lit)))
-        self.max_len = max(len(lit) for lit in literals)
-        # Longest literal first at a given start position.
-        self.by_first: dict[str, list[str]] = {}
-        for lit in sorted(literals, key=len, reverse=True):
-            self.by_first.setdefault(lit[0], []).append(lit)
+        tables = _lexer_tables(tuple(sorted(literals.items())))
+        self.literals, self.first_chars, self.prefixes, self.max_len, self.by_first = tables
         self.held = ""
 
     def reset(self) -> None:
@@ -384,14 +391,12 @@ class InklingStream:
         self.content_started = False
         self.content_tail = ""
         self.pending_ws = ""
-        self.tool_block_seen = False
         # Reasoning: trailing whitespace waits for more reasoning (dropped at the end).
         self.reasoning_ws = ""
         # Output of the current call.
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._touched: list[ToolSlot] = []
-        self._announced: set[int] = set()
 
     # ---- input -------------------------------------------------------------------------
 
