@@ -40,9 +40,31 @@ def run(profile_name: str, overrides: dict[str, Path | None], opt_ins: list[str]
         only_targets: list[str] | None = None, strict: bool = False) -> tuple[Profile, RunReport]:
     profile = load_profile(profile_name)
     roots = resolve_roots(profile, overrides, only_targets)
-    names = profile.all_fixes if mode == "verify" else profile.series(opt_ins)
-    return profile, series.run(profile, roots, names, mode=mode, strict=strict,
-                               check_pin=(mode != "verify"))
+    if mode != "verify":
+        return profile, series.run(profile, roots, profile.series(opt_ins), mode=mode, strict=strict)
+    passes = verify_passes(profile)
+    report = series.run(profile, roots, passes[0], mode="verify", strict=strict, check_pin=False)
+    for names in passes[1:]:  # an opt-in that conflicts with another is verified on its own
+        alone = series.run(profile, roots, names, mode="verify", strict=strict, check_pin=False)
+        report.fixes.append(alone.fixes[-1])
+        if not alone.ok and report.ok:
+            report.exit_code, report.error = alone.exit_code, alone.error
+    return profile, report
+
+
+def verify_passes(profile: Profile) -> list[list[str]]:
+    """Series that together try every fix of the profile: the defaults with every opt-in that
+    goes with them, then each opt-in that conflicts with one already taken, on its own."""
+    fixes = {n: profile.load_fix(n) for n in profile.all_fixes}
+
+    def clash(a: str, b: str) -> bool:
+        return b in fixes[a].conflicts or a in fixes[b].conflicts
+
+    first, alone = list(profile.fixes), []
+    for name in profile.opt_in:
+        (alone if any(clash(name, other) for other in first) else first).append(name)
+    return [first] + [profile.fixes + [r for r in fixes[n].requires if r not in profile.fixes] + [n]
+                      for n in alone]
 
 
 def apply_unpinned(profile_name: str, roots: dict[str, Path], fixes: list[str]) -> RunReport:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from . import api, report as reports
-from .errors import EXIT_BASE_MISMATCH, EXIT_FIX_FAILED, EXIT_OK, CookbookError
+from .errors import EXIT_BASE_MISMATCH, EXIT_FIX_FAILED, EXIT_OK, EXIT_USAGE, CookbookError
 
 EXIT_CODES_HELP = """Exit codes: 0 success (every fix patched or already applied), 1 a fix refused or
 failed (the tree is unchanged), 2 base mismatch (a commit is not the profile's), 3 usage or profile
@@ -19,12 +19,26 @@ error."""
 
 
 class DefaultGroup(click.Group):
-    """A group whose first argument, when it is not a sub-command, goes to `apply`."""
+    """A group whose first argument, when it is not a sub-command, goes to `apply`; click's own
+    usage errors exit with the documented usage code (3), not click's 2 (our base mismatch)."""
 
     def parse_args(self, ctx, args):
         if not args or args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["apply", *args]
         return super().parse_args(ctx, args)
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            exc.show()
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(EXIT_USAGE)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(EXIT_FIX_FAILED)
 
 
 def _roots(vllm_root, vllm_gaudi_root):
@@ -59,7 +73,7 @@ def _fail(exc: CookbookError, as_json: bool):
     sys.exit(exc.exit_code)
 
 
-@click.group(cls=DefaultGroup, epilog=EXIT_CODES_HELP)
+@click.group(cls=DefaultGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Gaudi cookbook fix pack: apply a profile's commit-checked source patches to vLLM and
     vllm-gaudi, all or nothing."""

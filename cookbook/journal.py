@@ -48,12 +48,33 @@ def locked(roots):
 
 
 def _write_bytes(path: Path, data: bytes, mode: int) -> None:
-    """Replace a file's bytes atomically (temp file + rename), keeping its mode."""
-    tmp = path.with_name(f".{path.name}.cookbook-tmp")
+    """Replace a file's bytes atomically (temp file + rename), with the given mode."""
+    tmp = _temp_name(path)
     with open(tmp, "wb") as fh:
         fh.write(data)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.cookbook-tmp")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _remove_empty_parents(folder: Path, roots) -> None:
+    """Like git, a deleted file takes its folders with it once they are empty (never a root)."""
+    stop = {Path(os.path.realpath(r)) for r in roots}
+    while Path(os.path.realpath(folder)) not in stop:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 def _restore(journal: Path) -> list[str]:
@@ -62,11 +83,17 @@ def _restore(journal: Path) -> list[str]:
     for entry in manifest["files"]:
         path = Path(entry["path"])
         if entry["backup"] is None:
-            if path.exists():
-                path.unlink()
+            path.unlink(missing_ok=True)
         else:
+            path.parent.mkdir(parents=True, exist_ok=True)
             _write_bytes(path, (journal / entry["backup"]).read_bytes(), entry["mode"])
+        _temp_name(path).unlink(missing_ok=True)  # a write killed between open and rename
         restored.append(str(path))
+    for folder in manifest.get("created_dirs", []):  # deepest first
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # not empty or already gone
     for pointer in manifest["pointers"]:
         Path(pointer).unlink(missing_ok=True)
     _discard(journal)
@@ -93,17 +120,25 @@ def recover(roots) -> list[str]:
             pointer.unlink(missing_ok=True)
         if (root / JOURNAL / "manifest.json").exists():
             restored += _restore(root / JOURNAL)
+        elif (root / JOURNAL).exists():  # not one of ours in a state we write: nothing it can undo
+            shutil.rmtree(root / JOURNAL)
     return restored
 
 
-def commit(roots, changes: dict[Path, bytes | None]) -> None:
-    """Write `changes` (absolute path -> new bytes, None to delete) all or nothing."""
-    roots = _unique_roots(roots)
+def check_writable(changes) -> None:
+    """Refuse, before any write, files marked read-only and folders that cannot be written."""
     for path in changes:
         if path.exists() and not os.stat(path).st_mode & 0o222:
             raise FixRefused(f"{path} is read-only; refusing before any write")
-        if not os.access(path.parent, os.W_OK):
-            raise FixRefused(f"{path.parent} is not writable; refusing before any write")
+        folder = _existing_ancestor(path.parent)
+        if not os.access(folder, os.W_OK):
+            raise FixRefused(f"{folder} is not writable; refusing before any write")
+
+
+def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
+    """Write `changes` (absolute path -> (new bytes, mode), None to delete) all or nothing."""
+    roots = _unique_roots(roots)
+    check_writable(changes)
     primary = roots[0]
     journal = primary / JOURNAL
     pointers = [str(r / POINTER) for r in roots[1:]]
@@ -111,15 +146,20 @@ def commit(roots, changes: dict[Path, bytes | None]) -> None:
         Path(pointer).write_text(str(journal) + "\n")
     staging = primary / (JOURNAL + f".tmp-{os.getpid()}")
     staging.mkdir()
-    entries = []
+    entries, created_dirs = [], set()
     for index, path in enumerate(sorted(changes)):
         if path.exists():
             shutil.copyfile(path, staging / str(index))
             entries.append({"path": str(path), "backup": str(index), "mode": os.stat(path).st_mode & 0o7777})
         else:
-            entries.append({"path": str(path), "backup": None, "mode": 0o644})
+            entries.append({"path": str(path), "backup": None})
+            folder = path.parent
+            while not folder.exists():
+                created_dirs.add(str(folder))
+                folder = folder.parent
     with open(staging / "manifest.json", "w") as fh:
-        json.dump({"files": entries, "pointers": pointers}, fh, indent=1)
+        json.dump({"files": entries, "pointers": pointers,
+                   "created_dirs": sorted(created_dirs, key=len, reverse=True)}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
     os.rename(staging, journal)  # from here on, the journal can undo everything below
@@ -127,12 +167,14 @@ def commit(roots, changes: dict[Path, bytes | None]) -> None:
     kill_after = int(os.environ.get(FAULT_ENV, "0") or 0)
     try:
         for written, entry in enumerate(entries, start=1):
-            path, data = Path(entry["path"]), changes[Path(entry["path"])]
-            if data is None:
+            path = Path(entry["path"])
+            new = changes[path]
+            if new is None:
                 path.unlink(missing_ok=True)
+                _remove_empty_parents(path.parent, roots)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _write_bytes(path, data, entry["mode"])
+                _write_bytes(path, *new)
             if kill_after and written >= kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
     except BaseException:

@@ -12,6 +12,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILES_DIR = REPO_ROOT / "profiles"
 FIXES_DIR = REPO_ROOT / "fixes"
 TARGET_KEYS = {"package", "distribution", "commit", "ref", "repository", "image-checkout"}
+PROFILE_KEYS = {"name", "description", "gaudi-sw", "extends", "targets", "fixes-dir", "fixes", "opt-in"}
+FIX_KEYS = {"title", "targets", "patches", "problem", "symptom", "upstream", "drop-when", "env",
+            "requires", "conflicts", "test", "not-exercised-on-cpu"}
+PATCH_KEYS = {"target", "file", "base", "base-ref", "note"}
 UPSTREAM_STATUSES = {"not-yet", "submitted", "backport", "merged", "inappropriate"}
 
 
@@ -105,10 +109,30 @@ def _read_yaml(path: Path, what: str) -> dict:
     return data
 
 
-def profile_path(name_or_path: str) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        return candidate.resolve()
+def _check_keys(data: dict, allowed: set, where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _expect(value, kind, where: str, default=None):
+    """The value if it has the expected type (a list means a list of names); None: the default."""
+    if value is None:
+        return default
+    if kind is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ProfileError(f"{where} must be a list of names, found {value!r}")
+    elif not isinstance(value, kind):
+        what = "mapping" if kind is dict else "text" if kind is str else kind.__name__
+        raise ProfileError(f"{where} must be a {what}, found {type(value).__name__} {value!r}")
+    return value
+
+
+def profile_path(name_or_path: str, relative_to: Path | None = None) -> Path:
+    """A profile name (profiles/NAME.yaml) or a path (relative to `relative_to`, else the
+    current directory)."""
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        return ((relative_to or Path.cwd()) / name_or_path).resolve()
     path = PROFILES_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
@@ -118,12 +142,9 @@ def profile_path(name_or_path: str) -> Path:
 
 def _load_targets(data: dict, path: Path, inherited: dict[str, TargetPin]) -> dict[str, TargetPin]:
     targets = dict(inherited)
-    for tname, spec in (data.get("targets") or {}).items():
-        if not isinstance(spec, dict):
-            raise ProfileError(f"{path}: targets.{tname} must be a mapping")
-        unknown = set(spec) - TARGET_KEYS
-        if unknown:
-            raise ProfileError(f"{path}: targets.{tname}: unknown keys {sorted(unknown)}")
+    for tname, spec in _expect(data.get("targets"), dict, f"{path}: targets", {}).items():
+        spec = _expect(spec, dict, f"{path}: targets.{tname}", {})
+        _check_keys(spec, TARGET_KEYS, f"{path}: targets.{tname}")
         base = targets.get(tname)
         merged = {"package": base.package, "distribution": base.distribution, "commit": base.commit,
                   "ref": base.ref, "repository": base.repository,
@@ -140,28 +161,29 @@ def _load_targets(data: dict, path: Path, inherited: dict[str, TargetPin]) -> di
     return targets
 
 
-def load_profile(name_or_path: str, _seen: tuple = ()) -> Profile:
-    path = profile_path(name_or_path)
-    if path in _seen:
-        raise ProfileError(f"profile {path} extends itself")
+def load_profile(name_or_path: str, _chain: tuple = (), _relative_to: Path | None = None) -> Profile:
+    path = profile_path(name_or_path, _relative_to)
+    if path in _chain:
+        raise ProfileError("profiles extend each other in a loop: " + " -> ".join(map(str, _chain + (path,))))
     data = _read_yaml(path, "profile")
+    _check_keys(data, PROFILE_KEYS, f"profile {path}")
     inherited: dict[str, TargetPin] = {}
-    if data.get("extends"):
-        inherited = load_profile(str(data["extends"]), _seen + (path,)).targets
+    if data.get("extends") is not None:
+        parent = _expect(data["extends"], str, f"{path}: extends")
+        inherited = load_profile(parent, _chain + (path,), path.parent).targets
     targets = _load_targets(data, path, inherited)
     if not targets:
         raise ProfileError(f"{path}: no targets")
-    fixes = data.get("fixes") or []
-    opt_in = data.get("opt-in") or []
-    for key, names in (("fixes", fixes), ("opt-in", opt_in)):
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ProfileError(f"{path}: {key} must be a list of fix names")
+    fixes = _expect(data.get("fixes"), list, f"{path}: fixes", [])
+    opt_in = _expect(data.get("opt-in"), list, f"{path}: opt-in", [])
     dupes = {n for n in fixes + opt_in if (fixes + opt_in).count(n) > 1}
     if dupes:
         raise ProfileError(f"{path}: fixes listed twice: {sorted(dupes)}")
-    fixes_dir = (path.parent / data["fixes-dir"]).resolve() if data.get("fixes-dir") else FIXES_DIR
-    profile = Profile(name=str(data.get("name") or path.stem), path=path, targets=targets,
-                      fixes=fixes, opt_in=opt_in, fixes_dir=fixes_dir,
+    fixes_dir = FIXES_DIR
+    if data.get("fixes-dir") is not None:
+        fixes_dir = (path.parent / _expect(data["fixes-dir"], str, f"{path}: fixes-dir")).resolve()
+    profile = Profile(name=_expect(data.get("name"), str, f"{path}: name", path.stem), path=path,
+                      targets=targets, fixes=fixes, opt_in=opt_in, fixes_dir=fixes_dir,
                       description=str(data.get("description", "")))
     for name in profile.all_fixes:
         if not (fixes_dir / name / "fix.yaml").exists():
@@ -169,35 +191,43 @@ def load_profile(name_or_path: str, _seen: tuple = ()) -> Profile:
     return profile
 
 
+def _patch_entries(meta: dict, meta_path: Path) -> list[dict]:
+    entries = meta.get("patches") or []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ProfileError(f"{meta_path}: patches must be a list of mappings (target, file, base), "
+                           f"found {entries!r}")
+    return entries
+
+
 def load_fix(folder: Path, targets: dict[str, TargetPin]) -> Fix:
     meta_path = folder / "fix.yaml"
     meta = _read_yaml(meta_path, "fix metadata")
-    for key in ("title", "targets"):
-        if not meta.get(key):
-            raise ProfileError(f"{meta_path}: missing {key!r}")
-    fix_targets = meta["targets"]
-    if not isinstance(fix_targets, list) or any(t not in targets for t in fix_targets):
-        raise ProfileError(
-            f"{meta_path}: targets must be a list drawn from {sorted(targets)}, found {fix_targets!r}")
-    status = (meta.get("upstream") or {}).get("status")
-    if status not in UPSTREAM_STATUSES:
-        raise ProfileError(
-            f"{meta_path}: upstream.status must be one of {sorted(UPSTREAM_STATUSES)}, found {status!r}")
+    _check_keys(meta, FIX_KEYS, str(meta_path))
+    title = _expect(meta.get("title"), str, f"{meta_path}: title")
+    fix_targets = _expect(meta.get("targets"), list, f"{meta_path}: targets")
+    if not title or not fix_targets:
+        raise ProfileError(f"{meta_path}: missing title or targets")
+    if any(t not in targets for t in fix_targets):
+        raise ProfileError(f"{meta_path}: targets must be drawn from {sorted(targets)}, found {fix_targets!r}")
+    upstream = _expect(meta.get("upstream"), dict, f"{meta_path}: upstream", {})
+    if upstream.get("status") not in UPSTREAM_STATUSES:
+        raise ProfileError(f"{meta_path}: upstream.status must be one of {sorted(UPSTREAM_STATUSES)}, "
+                           f"found {upstream.get('status')!r}")
     patches = []
-    for entry in meta.get("patches") or []:
+    for entry in _patch_entries(meta, meta_path):
+        _check_keys(entry, PATCH_KEYS, f"{meta_path}: a patch entry")
         missing = [k for k in ("target", "file", "base") if not entry.get(k)]
         if missing:
             raise ProfileError(f"{meta_path}: a patch entry lacks {', '.join(missing)}")
         if entry["target"] not in fix_targets:
-            raise ProfileError(
-                f"{meta_path}: patch for {entry['target']!r} but targets are {fix_targets}")
-        patch_path = (folder / entry["file"]).resolve()
+            raise ProfileError(f"{meta_path}: patch for {entry['target']!r} but targets are {fix_targets}")
+        patch_path = (folder / str(entry["file"])).resolve()
         if folder.resolve() not in patch_path.parents:
             raise ProfileError(f"{meta_path}: patch file {entry['file']!r} is outside {folder}")
         if not patch_path.is_file():
             raise ProfileError(f"{meta_path}: patch file {patch_path} does not exist")
         patches.append(PatchRef(target=entry["target"], path=patch_path, base=str(entry["base"]),
                                 base_ref=str(entry.get("base-ref", ""))))
-    return Fix(name=folder.name, folder=folder, title=str(meta["title"]), targets=fix_targets,
-               patches=patches, requires=list(meta.get("requires") or []),
-               conflicts=list(meta.get("conflicts") or []), meta=meta)
+    return Fix(name=folder.name, folder=folder, title=title, targets=fix_targets, patches=patches,
+               requires=_expect(meta.get("requires"), list, f"{meta_path}: requires", []),
+               conflicts=_expect(meta.get("conflicts"), list, f"{meta_path}: conflicts", []), meta=meta)

@@ -14,6 +14,7 @@ def to_json(report: RunReport) -> str:
     data["ok"] = report.ok
     for fix, result in zip(data["fixes"], report.fixes):
         fix["exact"] = result.exact
+        fix["target"] = ", ".join(result.targets)
         fix["files"] = sorted({f for p in result.patches for f in p.files})
     return json.dumps(data, indent=2)
 

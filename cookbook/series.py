@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
+import unidiff
 
 from . import journal, patchfile, sources
 from .errors import EXIT_BASE_MISMATCH, EXIT_FIX_FAILED, EXIT_OK, BaseMismatch, CookbookError, FixRefused, UsageError
@@ -40,6 +41,7 @@ class FixResult:
     title: str
     targets: list[str]
     status: str = ""  # patched / already applied / reverted / not applied / failed / not yet available / out of scope
+    # (in a refused run, "would patch" / "would revert": nothing was written)
     reason: str = ""
     patches: list[PatchResult] = field(default_factory=list)
 
@@ -92,32 +94,38 @@ class Scratch:
     def __init__(self, roots: dict[str, Path], files: dict[str, set[str]]):
         self.dir = Path(tempfile.mkdtemp(prefix="cookbook-scratch-"))
         self.roots = roots
-        self.original: dict[tuple[str, str], bytes | None] = {}
+        self.original: dict[tuple[str, str], tuple[bytes, int] | None] = {}
         for target, rels in files.items():
             for rel in rels:
                 src, dst = roots[target] / rel, self.dir / target / rel
-                data = src.read_bytes() if src.is_file() else None
-                self.original[(target, rel)] = data
-                if data is not None:
+                if src.is_file():
                     dst.parent.mkdir(parents=True, exist_ok=True)
-                    dst.write_bytes(data)
+                    shutil.copy2(src, dst)  # modes matter: a patch may change them
+                self.original[(target, rel)] = self.current(target, rel)
 
-    def current(self, target: str, rel: str) -> bytes | None:
+    def current(self, target: str, rel: str) -> tuple[bytes, int] | None:
+        """(bytes, permission bits) of the scratch file, None when it does not exist."""
         path = self.dir / target / rel
-        return path.read_bytes() if path.is_file() else None
+        return (path.read_bytes(), path.stat().st_mode & 0o7777) if path.is_file() else None
+
+    def blob(self, target: str, rel: str) -> str | None:
+        state = self.current(target, rel)
+        return patchfile.blob_id(state[0]) if state else None
 
     def git_apply(self, target: str, patches: list[Path], *flags: str) -> tuple[bool, str]:
-        """One `git apply` of the patches in order: all or nothing, zero fuzz."""
+        """One `git apply` of the patches in order: all or nothing, zero fuzz. The user's git
+        configuration is kept out (apply.whitespace=fix would silently rewrite lines)."""
         workdir = self.dir / target
         workdir.mkdir(exist_ok=True)
-        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(self.dir))
+        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(self.dir), GIT_CONFIG_NOSYSTEM="1",
+                   GIT_CONFIG_GLOBAL=os.devnull)
         status, _out, err = git.cmd.Git(str(workdir)).execute(
-            ["git", "apply", *flags, *map(str, patches)], env=env,
+            ["git", "apply", "--whitespace=nowarn", *flags, *map(str, patches)], env=env,
             with_extended_output=True, with_exceptions=False)
         return status == 0, err
 
-    def changes(self) -> dict[Path, bytes | None]:
-        """Real path -> new bytes for every file whose content differs from before the run."""
+    def changes(self) -> dict[Path, tuple[bytes, int] | None]:
+        """Real path -> new (bytes, mode), or None to delete, for every file the run changes."""
         out = {}
         for (target, rel), before in self.original.items():
             after = self.current(target, rel)
@@ -136,8 +144,6 @@ def _failed_hunk(parsed: patchfile.ParsedPatch, git_error: str) -> str:
     summary = "; ".join(line.removeprefix("error: ") for line in detail if line.startswith("error:")) or git_error.strip()
     if not m:
         return summary
-    import unidiff
-
     rel, line = m.group(1), int(m.group(2))
     for pfile in unidiff.PatchSet(parsed.text.decode()):
         if pfile.path == rel:
@@ -148,17 +154,14 @@ def _failed_hunk(parsed: patchfile.ParsedPatch, git_error: str) -> str:
     return summary
 
 
-def _blobs_match(scratch: Scratch, target: str, parsed: patchfile.ParsedPatch, side: str) -> tuple[bool, str]:
-    """Are the files byte-identical to the patch's pre-image ("pre") or post-image ("post")?"""
+def _pre_image_matches(scratch: Scratch, target: str, parsed: patchfile.ParsedPatch) -> tuple[bool, str]:
+    """Are the files byte-identical to what the patch was written for (its `index` pre-image)?"""
     for change in parsed.changes:
-        rel = change.old_path if side == "pre" else change.new_path
-        want = change.pre_blob if side == "pre" else change.post_blob
-        if rel is None:
+        if change.old_path is None:
             continue
-        data = scratch.current(target, rel)
-        found = patchfile.blob_id(data) if data is not None else None
-        if want and found != want:
-            return False, f"{rel} is blob {found}, the patch was written for {want}"
+        found = scratch.blob(target, change.old_path)
+        if change.pre_blob and found != change.pre_blob:
+            return False, f"{change.old_path} is blob {found}, the patch was written for {change.pre_blob}"
     return True, ""
 
 
@@ -173,16 +176,31 @@ def check_requirements(profile: Profile, fixes: list[Fix]) -> None:
             raise UsageError(f"fix {fix.name} conflicts with {', '.join(clash)}; they cannot be applied together")
 
 
+def _read_stamp(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        return {}
+
+
+def stamped_opt_ins(profile: Profile, roots: dict[str, Path]) -> list[str]:
+    """Opt-ins the trees' stamps record as applied under this profile: a run keeps (or, with
+    --revert, removes) them, so the stamp always describes the tree."""
+    found = set()
+    for target, root in roots.items():
+        stamp = _read_stamp(root / profile.targets[target].package / STAMP)
+        entry = (stamp.get("profiles") or {}).get(profile.name) or {}
+        found.update(f.get("name") for f in entry.get("fixes") or [])
+    return [n for n in profile.opt_in if n in found]
+
+
 def _stamp_changes(profile: Profile, report: RunReport, roots: dict[str, Path],
-                   revert: bool) -> dict[Path, bytes | None]:
+                   revert: bool) -> dict[Path, tuple[bytes, int] | None]:
     changes = {}
     for target in report.scope:
-        package = profile.targets[target].package
-        path = roots[target] / package / STAMP
-        try:
-            stamp = json.loads(path.read_text()) if path.exists() else {}
-        except ValueError:
-            stamp = {}
+        path = roots[target] / profile.targets[target].package / STAMP
+        old = path.read_bytes() if path.exists() else None
+        stamp = _read_stamp(path)
         profiles = stamp.setdefault("profiles", {})
         if revert:
             profiles.pop(profile.name, None)
@@ -198,28 +216,31 @@ def _stamp_changes(profile: Profile, report: RunReport, roots: dict[str, Path],
                           for f in report.fixes if target in f.targets and f.status != "out of scope"],
             }
         new = (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode() if profiles else None
-        old = path.read_bytes() if path.exists() else None
         if new != old:
-            changes[path] = new
+            changes[path] = (new, 0o644) if new is not None else None
     return changes
 
 
 def run(profile: Profile, roots: dict[str, Path], names: list[str], mode: str = "apply",
         strict: bool = False, check_pin: bool = True) -> RunReport:
     """Work the series `names` out against `roots` ({target: dir holding the package});
-    in mode "apply"/"revert" write the result all or nothing. Never raises for a refusal: the
-    report carries the exit code and the reason."""
+    in mode "apply"/"revert" write the result all or nothing. Opt-ins the stamp records as applied
+    join the series (except in "verify"). Never raises for a refusal: the report carries the exit
+    code and the reason."""
     assert mode in MODES
     report = RunReport(profile=profile.name, mode=mode, scope=sorted(roots))
-    fixes = [profile.load_fix(n) for n in names]
-    check_requirements(profile, fixes)
-    try:
-        # Every run, even a dry one, first undoes a run that was interrupted on these trees.
-        with journal.locked(roots.values()):
-            report.recovered = journal.recover(roots.values())
+    # Every run, even a dry one, first undoes a run that was interrupted on these trees.
+    with journal.locked(roots.values()):
+        report.recovered = journal.recover(roots.values())
+        if mode != "verify":
+            kept = stamped_opt_ins(profile, roots)
+            names = [n for n in profile.all_fixes if n in set(names) | set(kept)]
+        fixes = [profile.load_fix(n) for n in names]
+        check_requirements(profile, fixes)
+        try:
             _run_locked(profile, roots, fixes, mode, strict, check_pin, report)
-    except CookbookError as exc:
-        report.exit_code, report.error = exc.exit_code, str(exc)
+        except CookbookError as exc:
+            report.exit_code, report.error = exc.exit_code, str(exc)
     return report
 
 
@@ -227,15 +248,15 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
     scope = set(roots)
     for target in sorted(scope):
         pin = profile.targets[target]
+        if not (roots[target] / pin.package).is_dir():
+            raise BaseMismatch(f"{target}: no {pin.package}/ package directory under {roots[target]}")
         ident = sources.identify(roots[target], pin.package, pin.distribution)
         report.targets[target] = TargetResult(
             name=target, root=str(roots[target]), pin=pin.commit, ref=pin.ref, commit=ident.commit,
             how=ident.how, matches=pin.matches(ident.commit), evidence=ident.evidence)
-        if not (roots[target] / pin.package).is_dir():
-            raise BaseMismatch(f"{target}: no {pin.package}/ package directory under {roots[target]}")
 
-    # Refusals that need no file access come first: nothing is read twice, nothing written.
-    parsed: dict[tuple[str, str], patchfile.ParsedPatch] = {}
+    # Refusals that need no file access come first.
+    parsed: dict[str, list[tuple[PatchResult, patchfile.ParsedPatch]]] = {t: [] for t in scope}
     missing = []
     for fix in fixes:
         result = FixResult(name=fix.name, title=fix.title, targets=fix.targets)
@@ -253,9 +274,10 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
         for ref in fix.patches_for(scope):
             patch = patchfile.parse(ref.path)
             patchfile.check_paths(patch, roots[ref.target], profile.targets[ref.target].package)
-            parsed[(fix.name, ref.target)] = patch
-            result.patches.append(PatchResult(target=ref.target, patch=_display(ref.path),
-                                              sha256=patch.sha256, files=patch.touched))
+            presult = PatchResult(target=ref.target, patch=_display(ref.path), sha256=patch.sha256,
+                                  files=patch.touched)
+            result.patches.append(presult)
+            parsed[ref.target].append((presult, patch))
     if missing:
         raise FixRefused(f"not yet available: {', '.join(missing)}; the profile cannot be applied "
                          "until every fix in scope has a patch")
@@ -265,106 +287,112 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
             f"{t.name}: expected commit {t.pin} ({t.ref}), found {t.commit or 'none'} ({t.how})"
             for t in mismatched) + "; nothing was written")
 
-    files: dict[str, set[str]] = {t: set() for t in scope}
-    for (_name, target), patch in parsed.items():
-        files[target].update(patch.touched)
-    scratch = Scratch(roots, files)
+    scratch = Scratch(roots, {t: {f for _p, patch in items for f in patch.touched} for t, items in parsed.items()})
     try:
-        ordered = list(reversed(report.fixes)) if mode == "revert" else report.fixes
-        pending = [r for r in ordered if not r.status]
         for target in sorted(scope):
-            items = [(p, parsed[(r.name, target)]) for r in pending for p in r.patches if p.target == target]
-            if not _whole_series(scratch, target, items, mode):
-                for presult, patch in items:
-                    _one_patch(scratch, patch, presult, mode, strict)
-                    if presult.status == "failed":
-                        break
+            _settle(scratch, target, parsed[target], mode, strict)
+        pending = [r for r in report.fixes if not r.status]
         for result in pending:
-            failed = [p for p in result.patches if p.status == "failed"]
-            if failed:
-                result.status, result.reason = "failed", "; ".join(p.reason for p in failed)
-                raise FixRefused(f"{result.name}: {result.reason}; nothing was written")
-            statuses = {p.status for p in result.patches}
-            if "" in statuses:  # an earlier fix on the same target failed first
-                continue
-            result.status = statuses.pop() if len(statuses) == 1 else (
-                "patched" if mode != "revert" else "reverted")
+            statuses = [p.status for p in result.patches]
+            if "failed" in statuses:
+                result.status = "failed"
+            elif "" not in statuses:  # "": a fix before it on the same target failed
+                result.status = statuses[0] if len(set(statuses)) == 1 else (
+                    "reverted" if mode == "revert" else "patched")
             result.reason = "; ".join(p.reason for p in result.patches if p.reason)
+        failed = [r for r in pending if r.status == "failed"]
+        if failed:
+            raise FixRefused("; ".join(f"{r.name}: {r.reason}" for r in failed) + "; nothing was written")
+        changes = scratch.changes()
         if mode in ("apply", "revert"):
-            changes = scratch.changes()
             changes.update(_stamp_changes(profile, report, roots, revert=(mode == "revert")))
-            if changes:
-                journal.commit(roots.values(), changes)
+        journal.check_writable(changes)
+        if mode in ("apply", "revert") and changes:
+            journal.commit(roots.values(), changes)
             report.written = sorted(str(p) for p in changes)
             report.stamps = [str(p) for p in changes if p.name == STAMP and changes[p] is not None]
+    except FixRefused:
+        for result in report.fixes:  # nothing was written: say what each fix would have done
+            result.status = WOULD.get(result.status, result.status)
+        raise
     finally:
         scratch.close()
 
 
-def _exact_chain(scratch: Scratch, target: str, items, state: str) -> bool:
-    """Is the series exact: does each patch's pre-image blob equal the file as the earlier patches
-    leave it, starting from the file as it is ("pre") or ending at it ("post")?"""
-    files: dict[str, list] = {}
+WOULD = {"patched": "would patch", "reverted": "would revert"}
+
+
+def _chain_state(items, scratch: Scratch, target: str) -> str | None:
+    """"base" when every file is what the first patch touching it was written for and each patch's
+    pre-image is the previous one's post-image (an exact series, nothing applied); "applied" when
+    every file is the last patch's post-image of such a series; None otherwise."""
+    chains: dict[str, list[tuple[str | None, str | None]]] = {}
     for _presult, patch in items:
-        for change in patch.changes:
-            for rel in {change.old_path, change.new_path} - {None}:
-                files.setdefault(rel, []).append(change)
-    for rel, changes in files.items():
-        data = scratch.original[(target, rel)]
-        blob = patchfile.blob_id(data) if data is not None else None
-        chain = [(c.pre_blob, c.post_blob) for c in changes]
+        for c in patch.changes:
+            if c.old_path:
+                chains.setdefault(c.old_path, []).append((c.pre_blob, c.post_blob if c.new_path == c.old_path else None))
+            if c.new_path and c.new_path != c.old_path:
+                chains.setdefault(c.new_path, []).append((None, c.post_blob))
+    at_base = at_end = True
+    for rel, chain in chains.items():
         if any(chain[k][0] != chain[k - 1][1] for k in range(1, len(chain))):
-            return False
-        if blob != (chain[0][0] if state == "pre" else chain[-1][1]):
-            return False
-    return True
+            return None
+        blob = scratch.blob(target, rel)
+        at_base &= blob == chain[0][0]
+        at_end &= blob == chain[-1][1]
+    return "base" if at_base else "applied" if at_end else None
 
 
-def _whole_series(scratch: Scratch, target: str, items, mode: str) -> bool:
-    """Fast path: when the series is exact on the files as they are, one `git apply` of all its
-    patches (or one reverse check) answers for every fix. Otherwise the caller goes patch by patch
-    (which also finds which hunk failed)."""
-    if not items:
-        return True
-    ordered = [patch.path for _p, patch in items]
+def _settled(presult: PatchResult, mode: str, was_applied: bool, exact: bool) -> None:
+    presult.exact = exact
     if mode == "revert":
-        done, undone = "reverted", "not applied"
-        if _exact_chain(scratch, target, items[::-1], "post") and scratch.git_apply(target, ordered, "-R")[0]:
-            status = done
-        elif _exact_chain(scratch, target, items[::-1], "pre") and scratch.git_apply(target, ordered[::-1], "--check")[0]:
-            status = undone
-        else:
-            return False
+        presult.status = "reverted" if was_applied else "not applied"
     else:
-        if _exact_chain(scratch, target, items, "pre") and scratch.git_apply(target, ordered)[0]:
-            status = "patched"
-        elif _exact_chain(scratch, target, items, "post") and scratch.git_apply(target, ordered[::-1], "-R", "--check")[0]:
-            status = "already applied"
-        else:
-            return False
-    for presult, _patch in items:
-        presult.status, presult.exact = status, True
-    return True
+        presult.status = "already applied" if was_applied else "patched"
 
 
-def _one_patch(scratch: Scratch, parsed: patchfile.ParsedPatch, result: PatchResult, mode: str,
-               strict: bool) -> None:
-    target, path = result.target, parsed.path
-    forward, reverse = ("-R",) if mode == "revert" else (), () if mode == "revert" else ("-R",)
-    ok, err = scratch.git_apply(target, [path], "--check", *forward)
-    if ok:
-        result.exact, why = _blobs_match(scratch, target, parsed, "post" if mode == "revert" else "pre")
-        if not result.exact:
-            if strict and mode != "revert":
-                result.status, result.reason = "failed", f"applies only by context (--strict): {why}"
+def _settle(scratch: Scratch, target: str, items, mode: str, strict: bool) -> None:
+    """Give each patch of one target its status, leaving the scratch files as the run wants them:
+    the whole series applied (apply, check, verify) or none of it (revert).
+
+    Which fixes the tree already has is found the way a patch stack is popped: each patch's
+    reverse is tried from the last to the first; what remains must be the base, onto which the
+    whole series is then replayed in order. A fix whose reverse applied was already there. The
+    replay is also where each patch meets the file it was written for (exact) or not (by context),
+    and where a conflict is found and named. An exact series in a known state takes one
+    `git apply` instead (the common case)."""
+    if not items:
+        return
+    paths = [patch.path for _p, patch in items]
+    state = _chain_state(items, scratch, target)
+    if state == "base" and scratch.git_apply(target, paths)[0]:
+        for presult, _patch in items:
+            _settled(presult, mode, False, True)
+    elif state == "applied" and scratch.git_apply(target, paths[::-1], "-R")[0] and scratch.git_apply(target, paths)[0]:
+        for presult, _patch in items:
+            _settled(presult, mode, True, True)
+    else:
+        was_applied = [False] * len(items)
+        for i in reversed(range(len(items))):
+            files = items[i][1].touched
+            before = [scratch.current(target, f) for f in files]
+            # A reverse that changes nothing (a mode-only patch on a file without that mode) does
+            # not mean the fix is there.
+            was_applied[i] = (scratch.git_apply(target, [paths[i]], "-R")[0]
+                              and [scratch.current(target, f) for f in files] != before)
+        for (presult, patch), applied in zip(items, was_applied):
+            matches, why = _pre_image_matches(scratch, target, patch)
+            ok, err = scratch.git_apply(target, [patch.path])
+            if not ok:
+                presult.status, presult.reason = "failed", _failed_hunk(patch, err)
                 return
-            result.reason = f"applies by context: {why}"
-        scratch.git_apply(target, [path], *forward)
-        result.status = "reverted" if mode == "revert" else "patched"
-        return
-    ok_reverse, _ = scratch.git_apply(target, [path], "--check", *reverse)
-    if ok_reverse:
-        result.exact, _why = _blobs_match(scratch, target, parsed, "pre" if mode == "revert" else "post")
-        result.status = "not applied" if mode == "revert" else "already applied"
-        return
-    result.status, result.reason = "failed", _failed_hunk(parsed, err)
+            _settled(presult, mode, applied, matches)
+            if not matches:
+                presult.reason = f"applies by context: {why}"
+                if strict:
+                    presult.status, presult.reason = "failed", f"applies only by context (--strict): {why}"
+                    return
+    if mode == "revert":
+        ok, err = scratch.git_apply(target, paths[::-1], "-R")
+        if not ok:  # cannot happen: the series was just replayed onto the base
+            raise FixRefused(f"{target}: the series does not reverse after replaying it: {err.strip()}")

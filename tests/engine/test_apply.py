@@ -272,7 +272,7 @@ def test_unknown_opt_in_lists_valid_ones(tree):
 
 
 def test_requires_and_conflicts(tree, tmp_path):
-    needs = profile_with(tmp_path / "a", {"needy": fixture_patch("sampler-marker")}, ["envs-marker"],
+    needs = profile_with(tmp_path / "a", {"needy": fixture_patch("envs-second-marker")}, ["envs-marker"],
                          opt_in=["sampler-marker", "needy"], needy={"requires": ["sampler-marker"]})
     assert "requires sampler-marker" in apply(tree, "needy", profile=needs, check_rc=3).stderr
     apply(tree, "needy", "sampler-marker", "--check", profile=needs, check_rc=0)
