@@ -18,6 +18,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = "bad-words-index"
+SCENARIOS = ["scenario_wrong_row", "scenario_out_of_range"]
 PREFS = {1: [5, 7], 2: [9], 5: [9], 7: [9], 9: [11], 11: [13]}
 
 
@@ -59,7 +60,7 @@ def scenario_out_of_range() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_wrong_row", "scenario_out_of_range"], FIX, vllm_gaudi_src,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX, vllm_gaudi_src,
                                     vllm_src, tmp_path_factory.mktemp("bad_words_index"))
 
 

@@ -18,6 +18,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = ["sampling-rows-refresh", "bad-words-index", "logitsprocs-rows"]  # patch context sits on the first two
+SCENARIOS = ["scenario_processors_act_on_their_rows"]
 
 
 def scenario_processors_act_on_their_rows() -> dict:
@@ -43,7 +44,7 @@ def scenario_processors_act_on_their_rows() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_processors_act_on_their_rows"], FIX, vllm_gaudi_src,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX, vllm_gaudi_src,
                                     vllm_src, tmp_path_factory.mktemp("logitsprocs_rows"))
 
 

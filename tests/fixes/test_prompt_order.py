@@ -20,6 +20,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = "prompt-order"
+SCENARIOS = ["scenario_penalty_prompt_rows", "scenario_prompts_keep_order"]
 A_PROMPT = list(range(10, 26)) * 2  # 32 tokens: still prefilling (chunks of 4) for the whole scenario
 
 
@@ -67,7 +68,7 @@ def scenario_prompts_keep_order() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_penalty_prompt_rows", "scenario_prompts_keep_order"], FIX,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX,
                                     vllm_gaudi_src, vllm_src, tmp_path_factory.mktemp("prompt_order"))
 
 

@@ -18,6 +18,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = "sampling-rows-refresh"
+SCENARIOS = ["scenario_swap_without_batch_change"]
 
 
 def _run(with_a: bool) -> dict:
@@ -52,7 +53,7 @@ def scenario_swap_without_batch_change() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_swap_without_batch_change"], FIX, vllm_gaudi_src,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX, vllm_gaudi_src,
                                     vllm_src, tmp_path_factory.mktemp("sampling_rows_refresh"))
 
 

@@ -18,6 +18,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = "seeded-sampling"
+SCENARIOS = ["scenario_padded_decode"]
 
 
 def _run(with_others: bool) -> dict:
@@ -48,7 +49,7 @@ def scenario_padded_decode() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_padded_decode"], FIX, vllm_gaudi_src, vllm_src,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX, vllm_gaudi_src, vllm_src,
                                     tmp_path_factory.mktemp("seeded_sampling"))
 
 

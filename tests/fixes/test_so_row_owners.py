@@ -20,6 +20,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = ["structured-output-rows", "so-row-owners"]  # the patch sits on structured-output-rows (context)
+SCENARIOS = ["scenario_rows_shifted"]
 
 
 def _run(with_q: bool) -> dict:
@@ -49,7 +50,7 @@ def scenario_rows_shifted() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_rows_shifted"], FIX, vllm_gaudi_src, vllm_src,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX, vllm_gaudi_src, vllm_src,
                                     tmp_path_factory.mktemp("so_row_owners"))
 
 

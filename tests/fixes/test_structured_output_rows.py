@@ -19,6 +19,7 @@ import pytest
 from gaudi_harness.compare import run_pristine_and_patched
 
 FIX = "structured-output-rows"
+SCENARIOS = ["scenario_mixed_step"]
 PREFS = {6: [5, 7], 5: [5, 9], 7: [5, 9], 9: [5, 9], 1: [5, 7]}
 
 
@@ -50,7 +51,7 @@ def scenario_mixed_step() -> dict:
 
 @pytest.fixture(scope="module")
 def results(vllm_gaudi_src, vllm_src, tmp_path_factory):
-    return run_pristine_and_patched(__file__, ["scenario_mixed_step"], FIX, vllm_gaudi_src, vllm_src,
+    return run_pristine_and_patched(__file__, SCENARIOS, FIX, vllm_gaudi_src, vllm_src,
                                     tmp_path_factory.mktemp("structured_output_rows"))
 
 

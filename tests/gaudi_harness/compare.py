@@ -2,9 +2,12 @@
 by VLLM_GAUDI_SRC and against a copy with fixes applied by the project's fix-pack library."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .subproc import run_scenarios
+
+_pristine_results: dict[tuple, dict] = {}  # per pytest process: pristine runs are shared between tests
 
 SCENARIO_TIMEOUT = 600  # seconds per child process (imports ~15-40 s on a loaded 2-core machine)
 
@@ -22,7 +25,17 @@ def run_pristine_and_patched(test_file: str, scenarios: list[str], fixes: str | 
                              vllm_src: Path, workdir: Path, **kwargs) -> tuple[dict, dict]:
     """({scenario: result} on pristine, {scenario: result} on patched): one child process per tree."""
     fixes = [fixes] if isinstance(fixes, str) else list(fixes)
-    pristine = run_scenarios(test_file, scenarios, vllm_gaudi_src, vllm_src, SCENARIO_TIMEOUT, kwargs)
+    pristine = pristine_results(test_file, scenarios, vllm_gaudi_src, vllm_src, **kwargs)
     patched_root = patched_tree(vllm_gaudi_src, fixes, Path(workdir) / ("patched-" + "-".join(fixes)))
     patched = run_scenarios(test_file, scenarios, patched_root, vllm_src, SCENARIO_TIMEOUT, kwargs)
     return pristine, patched
+
+
+def pristine_results(test_file: str, scenarios: list[str], vllm_gaudi_src: Path, vllm_src: Path,
+                     **kwargs) -> dict:
+    """{scenario: result} on the pristine tree, computed once per pytest process."""
+    key = (str(test_file), tuple(scenarios), str(vllm_gaudi_src), str(vllm_src), json.dumps(kwargs, sort_keys=True))
+    if key not in _pristine_results:
+        _pristine_results[key] = run_scenarios(test_file, scenarios, vllm_gaudi_src, vllm_src, SCENARIO_TIMEOUT,
+                                               kwargs)
+    return _pristine_results[key]
