@@ -68,14 +68,16 @@ def probe(base, profile, as_json):
 @click.option("--port-profile", default=engine.PORT_PROFILE, show_default=True,
               help="The port's one-fix series (its runner patch).")
 @click.option("--no-preflight", is_flag=True, help="Skip the CPU preflight inside the new image.")
-@click.option("--no-cache", is_flag=True, help="Build every step again (a cold build).")
+@click.option("--no-cache", is_flag=True, help="Build every step again (a cold build; also re-probes).")
+@click.option("--reprobe", is_flag=True,
+              help="Probe the base even if this image id was probed before (results are kept per image id).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (progress on stderr).")
-def build_port_image(base, tag, profile, port_profile, no_preflight, no_cache, as_json):
+def build_port_image(base, tag, profile, port_profile, no_preflight, no_cache, reprobe, as_json):
     """`make image`: probe BASE, refuse it unless it is the profile's, build ports/inkling-small/Dockerfile on
     it, label the result and run the port's preflight inside it."""
     try:
         result = engine.make_image(base, tag, profile, port_profile, not no_preflight, _log(as_json),
-                                   nocache=no_cache)
+                                   nocache=no_cache, probe_cache=not reprobe)
     except engine.BuilderError as exc:
         _emit_error(exc, as_json)
     if as_json:

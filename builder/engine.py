@@ -185,9 +185,27 @@ def judge(profile: str, probe: dict) -> list[str]:
     return api.check_probe(profile, probe)
 
 
-def check_base(client, image: str, profile: str, log: Log = stderr_log) -> dict:
-    log(f"probing {image} (throw-away container: no network, read-only, no mounts)")
-    found = probe_image(client, image, profile)
+PROBE_CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "probes"
+
+
+def _probe_cache_path(image_id: str, profile: str) -> Path:
+    """An image id is the digest of the image's config, which names every layer's content: the same
+    id is the same files. The key also covers the probe's code and the targets asked about."""
+    targets = {name: pin.as_probe_spec() for name, pin in load_profile(profile).targets.items()}
+    key = hashlib.sha256(cookbook_tar() + json.dumps(targets, sort_keys=True).encode()).hexdigest()
+    return PROBE_CACHE / f"{image_id.split(':')[-1][:32]}-{key[:16]}.json"
+
+
+def check_base(client, image: str, profile: str, log: Log = stderr_log, use_cache: bool = True) -> dict:
+    cache = _probe_cache_path(get_image(client, image).id, profile)
+    if use_cache and cache.exists():
+        log(f"probe of {image}: result recorded for this image id ({cache.name}); not re-run")
+        found = json.loads(cache.read_text())
+    else:
+        log(f"probing {image} (throw-away container: no network, read-only, no mounts)")
+        found = probe_image(client, image, profile)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(found, indent=2))
     for target, entry in found.items():
         log(f"  {target:<11} {str(entry.get('commit') or 'unidentified')[:12]:<12} {entry.get('how')}; "
             f"installed matches checkout: {entry.get('installed_matches_checkout')}")
@@ -324,7 +342,21 @@ def labels_for(profile, probe: dict, stamps: dict, base: str, base_id: str) -> d
         labels[f"{LABEL_NS}.{target}.commit"] = entry.get("checkout_commit") or entry.get("commit") or ""
     for target, target_stamp in stamps.items():
         labels[f"{LABEL_NS}.stamp.{target}.sha256"] = target_stamp["sha256"]
+    labels[f"{LABEL_NS}.stamps"] = json.dumps(stamps, sort_keys=True, separators=(",", ":"))
     return {k: v for k, v in labels.items() if v}
+
+
+def _stamps_from_previous(client, tag: str, built_id: str) -> dict | None:
+    """The stamps recorded on TAG when TAG was labelled from this very build (same image id, same
+    files): a rebuild with nothing changed then starts no container to read them again."""
+    try:
+        labels = client.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return None
+    if labels.get(f"{LABEL_NS}.build.image") != built_id:
+        return None
+    stamps = json.loads(labels.get(f"{LABEL_NS}.stamps", "null") or "null")
+    return stamps
 
 
 def _label_context(parent: str) -> io.BytesIO:
@@ -371,7 +403,7 @@ class ImageResult:
 
 def make_image(base: str, tag: str, profile: str = "v0.30.0", port_profile: str = PORT_PROFILE,
                run_preflight: bool = True, log: Log = stderr_log, client=None,
-               nocache: bool = False) -> ImageResult:
+               nocache: bool = False, probe_cache: bool = True) -> ImageResult:
     """`make image`: probe the base, refuse a mismatch, build the port image, label, preflight."""
     prof = load_profile(profile)
     load_profile(port_profile)
@@ -382,7 +414,7 @@ def make_image(base: str, tag: str, profile: str = "v0.30.0", port_profile: str 
                         f"live inside it ({REPO})")
     client = client or connect()
     base_image = get_image(client, base)
-    found = check_base(client, base, profile, log)
+    found = check_base(client, base, profile, log, use_cache=probe_cache and not nocache)
     in_image = lambda p: p if not p.endswith((".yaml", ".yml")) else str(Path(p).resolve().relative_to(REPO))  # noqa: E731
     log(f"building {PORT_DOCKERFILE} on {base}")
     built = build(client, REPO, PORT_DOCKERFILE, None,
@@ -395,8 +427,9 @@ def make_image(base: str, tag: str, profile: str = "v0.30.0", port_profile: str 
         report = preflight(client, built.image_id, in_image(profile), in_image(port_profile), log)
         stamps = report.get("stamps", {})
     else:
-        stamps = read_stamps(client, built.image_id, prof)
+        stamps = _stamps_from_previous(client, tag, built.image_id) or read_stamps(client, built.image_id, prof)
     labels = labels_for(prof, found, stamps, base, base_image.id)
+    labels[f"{LABEL_NS}.build.image"] = built.image_id
     labelled = build(client, REPO, "Dockerfile", tag, {"PARENT": built.image_id}, labels=labels,
                      log=lambda line: None, fileobj=_label_context(built.image_id))
     log(f"labelled {tag} ({labelled.image_id[:19]}): {len(labels)} labels")

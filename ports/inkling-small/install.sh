@@ -17,7 +17,7 @@ profile=${COOKBOOK_PROFILE:-v0.30.0}
 port_profile=${COOKBOOK_PORT_PROFILE:-ports/inkling-small/patches/port.yaml}
 python=${PYTHON:-python3}
 # A container image's system Python is ours to install into (as the stock image's own pip installs are).
-export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 cd "$cookbook"
 
 say() { echo "install.sh: $*"; }

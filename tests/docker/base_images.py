@@ -259,7 +259,7 @@ def _wheelhouse() -> Path:
 def stage_cookbook_requirements(stage: Path) -> None:
     """requirements/cookbook.txt into the staged site-packages, as a stock image has them after
     install.sh ran once (the test base is made without network, so install.sh's pip finds them)."""
-    _run(["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+    _run(["python3", "-m", "pip", "install", "-q", "--no-index", "--no-compile",
           "--find-links", str(_wheelhouse()), "--target", str(stage / "site-packages"),
           "-r", str(REPO / "requirements" / "cookbook.txt")], timeout=600)
 

@@ -1,0 +1,64 @@
+"""Checks of the image files that need no Docker engine."""
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from builder import engine
+from cookbook import api
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = Path(__file__).resolve().parent / "profiles"
+
+
+def test_test_profiles_change_only_the_vllm_gaudi_pin():
+    stock, test = api.load_profile("v0.30.0"), api.load_profile(str(PROFILES / "test-base.yaml"))
+    assert (test.fixes, test.opt_in, test.fixes_dir) == (stock.fixes, stock.opt_in, stock.fixes_dir)
+    assert test.targets["vllm"] == stock.targets["vllm"]
+    assert test.targets["vllm-gaudi"].commit.startswith("091bbadd")
+    port = api.load_profile(str(REPO / "ports/inkling-small/patches/port.yaml"))
+    port_test = api.load_profile(str(PROFILES / "port-test-base.yaml"))
+    assert (port_test.name, port_test.fixes, port_test.fixes_dir) == (port.name, port.fixes, port.fixes_dir)
+    assert port_test.targets["vllm-gaudi"] == test.targets["vllm-gaudi"]
+
+
+def test_stock_dockerfile_args_come_from_the_profile():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    declared = set(re.findall(r"^ARG (\w+)\s*$", dockerfile, re.M))  # no default: must be given
+    given = set(engine.base_buildargs("v0.30.0")) | {"BASE_IMAGE"}
+    assert declared == given
+    pins = engine.base_buildargs("v0.30.0")
+    profile = yaml.safe_load((REPO / "profiles/v0.30.0.yaml").read_text())
+    assert pins["VLLM_COMMIT"] == profile["targets"]["vllm"]["commit"]
+    assert pins["VLLM_GAUDI_COMMIT"] == profile["targets"]["vllm-gaudi"]["commit"]
+    # No second copy of a pin anywhere in the Dockerfiles.
+    for path in ("Dockerfile", "ports/inkling-small/Dockerfile"):
+        text = (REPO / path).read_text()
+        assert pins["VLLM_COMMIT"][:7] not in text and pins["VLLM_GAUDI_COMMIT"] not in text
+
+
+def test_probe_payload_is_the_cookbook_package_only():
+    with tarfile.open(fileobj=io.BytesIO(engine.cookbook_tar())) as tar:
+        names = tar.getnames()
+    assert "cookbook/probe.py" in names and "cookbook/sources.py" in names
+    assert all(re.fullmatch(r"cookbook/\w+\.py", n) for n in names)
+
+
+def test_cli_help_documents_exit_codes():
+    out = subprocess.run([sys.executable, "-m", "builder", "build", "--help"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    for code in ("2 base image mismatch", "4 Docker daemon unreachable", "5 base image not found",
+                 "6 build failed", "7 preflight failed"):
+        assert code in " ".join(out.split())
+
+
+def test_base_args_cli_prints_build_arg_flags():
+    out = subprocess.run([sys.executable, "-m", "builder", "base-args"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    assert "--build-arg VLLM_COMMIT=ced6857afa0ea7b2e3f0846a62e1394e90f15607" in out
