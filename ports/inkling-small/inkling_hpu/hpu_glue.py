@@ -10,8 +10,9 @@ All math is in inkling_hpu.model. This module only translates between vLLM / vll
   model's explicit StepMetadata (RequestChunk per request).
 Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 
-What is not verified here: everything in this module runs only inside a vllm-gaudi worker (HPU
-KV cache layout, forward context); on CPU it imports, registers and builds its KV specs.
+On CPU, tests/cpu/test_plugin.py runs this class inside vllm-gaudi's real HPUModelRunner and
+HpuModelAdapter (the CPU harness): fp32 greedy tokens equal transformers'. Not exercised there:
+Habana kernels and graphs, TP collectives, the KV allocation of initialize_kv_cache.
 """
 from __future__ import annotations
 
