@@ -42,7 +42,7 @@ check:
 	    esac; \
 	  done; \
 	  echo "== verify $$profile:$$args"; \
-	  $$venv/bin/python fixes/apply_all.py verify --profile $$profile $$args; \
+	  $$venv/bin/python fixes/apply_all.py verify --strict --profile $$profile $$args; \
 	done
 
 test: check
