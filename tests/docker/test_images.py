@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +25,28 @@ TEST_PORT_PROFILE = "tests/docker/profiles/port-test-base.yaml"
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def builder(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=REPO, capture_output=True,
+def builder(*args, env=None, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=cwd, capture_output=True,
                           text=True, env=dict(os.environ, **(env or {})), timeout=1500)
 
 
-def make_image(base: str, tag: str, *extra: str) -> subprocess.CompletedProcess:
+def make_image(base: str, tag: str, *extra: str, cwd=REPO) -> subprocess.CompletedProcess:
     return builder("build", "--base", base, "--tag", tag, "--profile", TEST_PROFILE,
-                   "--port-profile", TEST_PORT_PROFILE, "--json", *extra)
+                   "--port-profile", TEST_PORT_PROFILE, "--json", *extra, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def repo_snapshot(tmp_path_factory) -> Path:
+    """The repository's files as they are now: the working tree may change while the tests run,
+    and the cache test needs a build context that does not."""
+    dest = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    return dest
 
 
 def port_tag(base: str) -> str:
@@ -39,12 +54,12 @@ def port_tag(base: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def port_image(docker_engine, base_v030, has_vllm_gaudi_source):
+def port_image(docker_engine, base_v030, has_vllm_gaudi_source, repo_snapshot):
     if not has_vllm_gaudi_source:
         pytest.skip("the port's runner patch needs vllm-gaudi source in the base: set "
                     "VLLM_GAUDI_SRC (or VLLM_GAUDI_MIRROR); the stand-in carries version metadata only")
     tag = port_tag(base_v030)
-    proc = make_image(base_v030, tag)
+    proc = make_image(base_v030, tag, cwd=repo_snapshot)
     assert proc.returncode == 0, proc.stderr[-6000:] + proc.stdout[-3000:]
     return tag, json.loads(proc.stdout), proc.stderr
 
@@ -93,9 +108,10 @@ def test_recipe_fix_step_works_inside_the_image(docker_engine, port_image):
 
 
 @pytest.mark.timeout(900)
-def test_rebuild_with_nothing_changed_hits_the_layer_cache(docker_engine, base_v030, port_image):
+def test_rebuild_with_nothing_changed_hits_the_layer_cache(docker_engine, base_v030, port_image,
+                                                           repo_snapshot):
     tag, first, _log = port_image
-    proc = make_image(base_v030, tag, "--no-preflight")
+    proc = make_image(base_v030, tag, "--no-preflight", cwd=repo_snapshot)
     assert proc.returncode == 0, proc.stderr[-4000:]
     again = json.loads(proc.stdout)
     assert again["steps"] > 0 and again["cached_steps"] == again["steps"], proc.stderr[-3000:]
