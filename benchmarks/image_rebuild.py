@@ -96,9 +96,9 @@ def main() -> int:
             times["cold"].append(seconds)
             seconds, same = build(repo, base, tag)
             times["unchanged"].append(seconds)
-            if same["cached_steps"] != same["steps"]:
+            if same["cached_steps"] != same["cacheable_steps"]:
                 print(f"round {round_no}: the unchanged rebuild missed the cache "
-                      f"({same['cached_steps']}/{same['steps']} steps cached)")
+                      f"({same['cached_steps']}/{same['cacheable_steps']} steps cached)")
             with open(repo / EDITED_FIX, "a") as fh:
                 fh.write(f"# benchmark edit {round_no} {time.time()}\n")
             seconds, _edited = build(repo, base, tag)

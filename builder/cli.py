@@ -84,7 +84,7 @@ def build_port_image(base, tag, profile, port_profile, no_preflight, no_cache, r
         click.echo(json.dumps({"ok": True, "exit_code": 0, **dataclasses.asdict(result)}, indent=2))
     else:
         click.echo(f"{tag}: {result.image_id[:19]} built on {base} in {result.build_seconds:.1f}s "
-                   f"({result.cached_steps}/{result.steps} steps from cache); preflight "
+                   f"({result.cached_steps}/{result.cacheable_steps} steps from cache); preflight "
                    f"{'passed' if result.preflight else 'not run'}")
     sys.exit(engine.EXIT_OK)
 

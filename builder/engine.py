@@ -225,6 +225,7 @@ class BuildResult:
     seconds: float
     steps: int = 0
     cached_steps: int = 0
+    cacheable_steps: int = 0  # steps after FROM (FROM and the ARGs before it are never "cached")
     log: list[str] = field(default_factory=list)
 
 
@@ -240,6 +241,7 @@ def build(client, context: Path, dockerfile: str, tag: str | None, buildargs: di
                                   rm=True, forcerm=True, pull=False, decode=True, nocache=nocache,
                                   **kwargs)
         pending = ""
+        seen_from = False
         for chunk in stream:
             if "error" in chunk:
                 raise BuildFailed(f"build of {dockerfile} failed: {chunk['error'].strip()}",
@@ -253,6 +255,11 @@ def build(client, context: Path, dockerfile: str, tag: str | None, buildargs: di
                 stamp = f"[{time.monotonic() - start:6.1f}s]"
                 if line.startswith("Step "):
                     result.steps += 1
+                    instruction = line.split(" : ", 1)[-1].split(" ", 1)[0].upper()
+                    if instruction == "FROM":
+                        seen_from = True
+                    elif seen_from:
+                        result.cacheable_steps += 1
                     log(f"{stamp} {line}")
                 elif line.strip() == "---> Using cache":
                     result.cached_steps += 1
@@ -267,7 +274,7 @@ def build(client, context: Path, dockerfile: str, tag: str | None, buildargs: di
         raise BuildFailed(f"build of {dockerfile} ended without an image id", log=result.log[-50:])
     result.seconds = time.monotonic() - start
     log(f"[{result.seconds:6.1f}s] built {result.image_id[:19]} ({result.steps} steps, "
-        f"{result.cached_steps} from cache)")
+        f"{result.cached_steps} of {result.cacheable_steps} cacheable from cache)")
     return result
 
 
@@ -398,6 +405,7 @@ class ImageResult:
     build_seconds: float
     steps: int
     cached_steps: int
+    cacheable_steps: int
     preflight: dict | None
 
 
@@ -435,7 +443,8 @@ def make_image(base: str, tag: str, profile: str = "v0.30.0", port_profile: str 
     log(f"labelled {tag} ({labelled.image_id[:19]}): {len(labels)} labels")
     return ImageResult(tag=tag, image_id=labelled.image_id, base=base, profile=prof.name, probe=found,
                        labels=labels, build_seconds=built.seconds + labelled.seconds,
-                       steps=built.steps, cached_steps=built.cached_steps, preflight=report)
+                       steps=built.steps, cached_steps=built.cached_steps,
+                       cacheable_steps=built.cacheable_steps, preflight=report)
 
 
 def base_buildargs(profile: str) -> dict:
