@@ -14,7 +14,7 @@ with and without VLLM_LONG_PREFILL_SHARE_ASYNC=1), all in one run:
 
 Times are modelled, so every run of a row gives the same figures (one run per row; the
 scheduling decisions themselves are vLLM's). The patched tree is made in a temporary
-directory by the fix-pack library (fallback: copy + `git apply` of the fix's patch).
+directory by the fix-pack library.
 
     python3 benchmarks/long_prefill_share.py [--vllm-src DIR] [--json]
 
@@ -52,17 +52,10 @@ ROWS = [
 
 
 def make_patched_tree(vllm_src: Path, dest: Path) -> Path:
-    shutil.copytree(vllm_src / "vllm", dest / "vllm", symlinks=True)
-    try:
-        sys.path.insert(0, str(REPO))
-        from cookbook import api
-    except ImportError as exc:  # library dependencies missing: apply the patch with git
-        print(f"(fix-pack library unavailable: {exc}; using git apply)", file=sys.stderr)
-        patch = REPO / "fixes" / FIX / "vllm.patch"
-        subprocess.run(["git", "apply", str(patch)], cwd=dest, check=True)
-    else:
-        api.apply_unpinned("v0.30.0", {"vllm": dest}, [FIX])
-    return dest
+    sys.path.insert(0, str(REPO))
+    from cookbook.api import patched_copy
+
+    return patched_copy(vllm_src, "vllm", [FIX], dest)
 
 
 def run_scenario(tree: Path, vllm_src: Path, options: dict, variables: dict) -> dict:

@@ -11,7 +11,8 @@ from .errors import BaseMismatch, FixRefused, UsageError
 from .profiles import Profile, load_profile
 from .series import RunReport
 
-__all__ = ["load_profile", "resolve_roots", "run", "apply_unpinned", "identify", "check_probe", "refresh"]
+__all__ = ["load_profile", "resolve_roots", "run", "apply_unpinned", "patched_copy", "identify",
+           "check_probe", "refresh", "verify_passes"]
 
 
 def resolve_roots(profile: Profile, overrides: dict[str, Path | None], only: list[str] | None = None) -> dict[str, Path]:
@@ -80,6 +81,17 @@ def apply_unpinned(profile_name: str, roots: dict[str, Path], fixes: list[str]) 
     if not report.ok:
         raise FixRefused(report.error)
     return report
+
+
+def patched_copy(src_root: Path, target: str, fixes: list[str], dest: Path,
+                 profile: str = "v0.30.0") -> Path:
+    """dest/<package>: a copy of src_root/<package> with the named fixes of the profile applied in
+    profile order, pin not checked (as `verify` does). For tests and benchmarks that compare a
+    pristine upstream tree with a patched one; returns dest, ready for PYTHONPATH."""
+    package = load_profile(profile).targets[target].package
+    shutil.copytree(Path(src_root) / package, Path(dest) / package, symlinks=True)
+    apply_unpinned(profile, {target: Path(dest)}, fixes)
+    return Path(dest)
 
 
 def identify(profile_name: str, overrides: dict[str, Path | None],

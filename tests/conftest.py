@@ -37,17 +37,3 @@ def vllm_gaudi_src() -> Path:
     if not (path / "vllm_gaudi").is_dir():
         pytest.fail(f"VLLM_GAUDI_SRC={src} has no vllm_gaudi/ package directory")
     return path
-
-
-def patched_copy(src_root: Path, target: str, fixes: list[str], dest: Path,
-                 profile: str = "v0.30.0") -> Path:
-    """dest/<package>: a copy of src_root/<package> with the named fixes of the profile applied,
-    in profile order, by the fix-pack library itself (the commit pin is not checked, as in
-    `apply_all.py verify`). Returns dest, ready for PYTHONPATH (add src_root after it for files
-    outside the package, e.g. the sdist's tests/)."""
-    from cookbook import api
-
-    package = api.load_profile(profile).targets[target].package
-    shutil.copytree(src_root / package, dest / package, symlinks=True)
-    api.apply_unpinned(profile, {target: dest}, fixes)
-    return dest

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import patched_copy
+from cookbook.api import patched_copy
 
 SUPPORT = Path(__file__).resolve().parent / "long_prefill_share_support"
 LONG_PROMPT_TOKENS = 250_000

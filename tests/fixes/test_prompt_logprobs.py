@@ -193,7 +193,7 @@ def test_prompt_logprobs_minus_one_means_whole_vocabulary(results):
 def test_long_prefill_share_keeps_partial_prompt_logprobs(vllm_gaudi_src, vllm_src, tmp_path):
     """The opt-in vLLM fix vllm-long-prefill-share skips the long prompt for steps at a time while a
     decode runs; with prompt-logprobs those skips no longer lose the prompt logprobs computed so far."""
-    from conftest import patched_copy
+    from cookbook.api import patched_copy
 
     vllm_with_share = patched_copy(vllm_src, "vllm", ["vllm-long-prefill-share"], tmp_path / "vllm")
     gaudi_patched = patched_tree(vllm_gaudi_src, [FIX], tmp_path / "vllm-gaudi")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import patched_copy
+from cookbook.api import patched_copy
 from rank_exception_fatal_support import FAILURE_MARKER
 
 FIXES_DIR = Path(__file__).resolve().parent

@@ -13,8 +13,8 @@ SCENARIO_TIMEOUT = 600  # seconds per child process (imports ~15-40 s on a loade
 
 
 def patched_tree(vllm_gaudi_src: Path, fixes: list[str], dest: Path) -> Path:
-    """dest/vllm_gaudi with `fixes` applied (profile order) via tests/conftest.py:patched_copy."""
-    from conftest import patched_copy  # tests/ is on sys.path under pytest (rootdir conftest)
+    """dest/vllm_gaudi with `fixes` applied (profile order) via cookbook.api.patched_copy."""
+    from cookbook.api import patched_copy
 
     if not (dest / "vllm_gaudi").is_dir():
         patched_copy(Path(vllm_gaudi_src), "vllm-gaudi", list(fixes), dest)
