@@ -202,18 +202,18 @@ def _stamp_changes(profile: Profile, report: RunReport, roots: dict[str, Path],
         old = path.read_bytes() if path.exists() else None
         stamp = _read_stamp(path)
         profiles = stamp.setdefault("profiles", {})
-        if revert:
+        # "applied" whether this run patched it or found it patched: re-runs write nothing.
+        fixes = [{"name": f.name, "status": "applied",
+                  "patches": [{"file": p.patch, "sha256": p.sha256} for p in f.patches if p.target == target]}
+                 for f in report.fixes if target in f.targets and f.status != "out of scope"]
+        if revert or not fixes:  # a package none of the series touches gets no stamp
             profiles.pop(profile.name, None)
         else:
             t = report.targets[target]
             profiles[profile.name] = {
                 "profile_file": _display(profile.path),
                 "target": target, "pin": t.pin, "commit_found": t.commit, "how": t.how,
-                # "applied" whether this run patched it or found it patched: re-runs write nothing.
-                "fixes": [{"name": f.name, "status": "applied",
-                           "patches": [{"file": p.patch, "sha256": p.sha256} for p in f.patches
-                                       if p.target == target]}
-                          for f in report.fixes if target in f.targets and f.status != "out of scope"],
+                "fixes": fixes,
             }
         new = (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode() if profiles else None
         if new != old:
