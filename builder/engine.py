@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cookbook import api  # noqa: E402
-from cookbook.errors import CookbookError  # noqa: E402
+from cookbook.errors import EXIT_BASE_MISMATCH, EXIT_OK, EXIT_USAGE, CookbookError  # noqa: E402,F401
 
 PORT_DOCKERFILE = "ports/inkling-small/Dockerfile"
 PORT_PROFILE = "ports/inkling-small/patches/port.yaml"
@@ -34,11 +34,9 @@ IMAGE_HOME = "/opt/gaudi-cookbook"
 LABEL_NS = "gaudi-cookbook"
 STAMP = "cookbook-fixes.json"
 
-# Exit codes (documented in docs/images.md and `python3 -m builder --help`).
-EXIT_OK = 0
+# Exit codes (documented in docs/images.md and `python3 -m builder --help`); 0, 2 (base mismatch)
+# and 3 (usage or profile error) mean what they mean for apply_all.py.
 EXIT_ERROR = 1  # anything unexpected
-EXIT_BASE_MISMATCH = 2  # the base image is not the profile's (same meaning as apply_all.py)
-EXIT_USAGE = 3  # bad arguments or profile
 EXIT_DAEMON = 4  # the Docker daemon cannot be reached
 EXIT_BASE_MISSING = 5  # the base image is not in the local engine
 EXIT_BUILD_FAILED = 6  # the Dockerfile build failed
