@@ -1,4 +1,5 @@
-"""Shared fixtures for the port's CPU tests (run by `make test` next to tests/)."""
+"""Shared fixtures for the port's CPU tests (run by `make test` next to tests/); vllm_src and
+vllm_gaudi_src come from the repository's root conftest.py."""
 from __future__ import annotations
 
 import sys
@@ -15,27 +16,5 @@ for path in (PORT, REPO, REPO / "tests"):
 
 
 @pytest.fixture(scope="session")
-def vllm_src() -> Path:
-    """Pristine vLLM v0.30.0 sdist tree (sha256-pinned, cached). Never modify it."""
-    from cookbook import upstream
-
-    return upstream.vllm_source("0.30.0")
-
-
-@pytest.fixture(scope="session")
 def port_dir() -> Path:
     return PORT
-
-
-@pytest.fixture(scope="session")
-def vllm_gaudi_src() -> Path:
-    """A vllm-gaudi source tree named by VLLM_GAUDI_SRC (main 091bbadd); skips when unset."""
-    import os
-
-    src = os.environ.get("VLLM_GAUDI_SRC")
-    if not src:
-        pytest.skip("VLLM_GAUDI_SRC is not set: no vllm-gaudi source tree to test against")
-    path = Path(src)
-    if not (path / "vllm_gaudi").is_dir():
-        pytest.fail(f"VLLM_GAUDI_SRC={src} has no vllm_gaudi/ package directory")
-    return path

@@ -1,0 +1,38 @@
+"""Fixtures shared by every test folder: real upstream sources, fetched or named at test time,
+never committed."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO))
+
+from cookbook import upstream  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def vllm_src() -> Path:
+    """Pristine vLLM v0.30.0 sdist tree (sha256-pinned, cached). Never modify it."""
+    return upstream.vllm_source("0.30.0")
+
+
+@pytest.fixture(scope="session")
+def vllm_026_src() -> Path:
+    """Pristine vLLM v0.26.0 sdist tree: a known wrong base."""
+    return upstream.vllm_source("0.26.0")
+
+
+@pytest.fixture(scope="session")
+def vllm_gaudi_src() -> Path:
+    """A vllm-gaudi source tree named by VLLM_GAUDI_SRC (main 091bbadd); skips when unset."""
+    src = os.environ.get("VLLM_GAUDI_SRC")
+    if not src:
+        pytest.skip("VLLM_GAUDI_SRC is not set: no vllm-gaudi source tree to test against")
+    path = Path(src)
+    if not (path / "vllm_gaudi").is_dir():
+        pytest.fail(f"VLLM_GAUDI_SRC={src} has no vllm_gaudi/ package directory")
+    return path
