@@ -33,7 +33,12 @@ def to_text(report: RunReport) -> str:
                      f"{t.how}")
     width = max((len(f.name) for f in report.fixes), default=0)
     total = len(report.fixes)
+    outside = [f.name for f in report.fixes if f.status == "out of scope"]
+    if outside:
+        lines.append(f"  out of scope ({', '.join(report.scope)} only): {', '.join(outside)}")
     for index, fix in enumerate(report.fixes, start=1):
+        if fix.status == "out of scope":
+            continue
         status = _VERB.get(report.mode, {}).get(fix.status, fix.status) or "not reached"
         exact = _exactness(fix.exact)
         line = f"  [{index:>2}/{total}] {fix.name:<{width}}  {status}{f' ({exact})' if exact else ''}"
