@@ -8,6 +8,8 @@ import yaml
 
 from .errors import ProfileError, UsageError
 
+# libyaml's safe loader when PyYAML has it (fix metadata is prose-heavy: pure Python is slow).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILES_DIR = REPO_ROOT / "profiles"
 FIXES_DIR = REPO_ROOT / "fixes"
@@ -99,7 +101,7 @@ class Profile:
 
 def _read_yaml(path: Path, what: str) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
     except FileNotFoundError:
         raise ProfileError(f"{what} {path} does not exist") from None
     except yaml.YAMLError as exc:
