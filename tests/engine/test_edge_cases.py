@@ -19,6 +19,7 @@ import pytest
 
 from cookbook import api
 from cookbook.errors import CookbookError
+from test_apply import make_tree, tree_hash  # the same real files, the same tree fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 APPLY_ALL = REPO / "fixes" / "apply_all.py"
@@ -26,27 +27,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_PROFILE = FIXTURES / "profile.yaml"
 BASE = "ced6857afa0ea7b2e3f0846a62e1394e90f15607"
 ENVS = "vllm/envs.py"  # mode 0755 in the sdist, like in vLLM's repository
-FILES = ["vllm/_version.py", ENVS, "vllm/v1/core/sched/scheduler.py", "vllm/v1/sample/sampler.py"]
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def make_tree(src: Path, dest: Path) -> Path:
-    for rel in FILES:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / rel, dest / rel)
-    return dest
-
-
-def tree_hash(root: Path) -> str:
-    """Names (directories included), modes and bytes of everything under root."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        digest.update(str(path.relative_to(root)).encode())
-        if path.is_file():
-            digest.update(oct(path.stat().st_mode).encode() + path.read_bytes())
-    return digest.hexdigest()
-
 
 def _git(repo: Path, *args) -> bytes:
     return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
