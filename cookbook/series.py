@@ -17,7 +17,7 @@ import git
 import unidiff
 
 from . import journal, patchfile, sources
-from .errors import EXIT_BASE_MISMATCH, EXIT_FIX_FAILED, EXIT_OK, BaseMismatch, CookbookError, FixRefused, UsageError
+from .errors import EXIT_OK, BaseMismatch, CookbookError, FixRefused, UsageError
 from .profiles import REPO_ROOT, Fix, Profile
 
 STAMP = "cookbook-fixes.json"
