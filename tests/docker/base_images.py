@@ -304,6 +304,7 @@ def build_base(client: docker.DockerClient, vllm_tree: Path, tag: str,
     edit_installed: a file under site-packages to change after the "install" (a tampered base)."""
     if client.images.list(name=tag):
         return tag
+    CACHE.mkdir(parents=True, exist_ok=True)  # a fresh machine has no cache folder yet
     with tempfile.TemporaryDirectory(prefix="cookbook-base-", dir=CACHE) as tmp:
         stage = Path(tmp)
         stage_vllm(stage, vllm_tree)
