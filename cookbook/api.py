@@ -32,7 +32,8 @@ def resolve_roots(profile: Profile, overrides: dict[str, Path | None], only: lis
                                    f"and no --{target}-root was given (expected {pin.commit}, {pin.ref})")
         root = Path(root).resolve()
         if not (root / pin.package).is_dir():
-            raise UsageError(f"{target}: {root} holds no {pin.package}/ directory")
+            raise BaseMismatch(f"{target}: {root} holds no {pin.package}/ package directory "
+                               f"(expected {pin.package} at {pin.commit}, {pin.ref})")
         roots[target] = root
     return roots
 

@@ -27,14 +27,15 @@ class DefaultGroup(click.Group):
             args = ["apply", *args]
         return super().parse_args(ctx, args)
 
-    def main(self, *args, **kwargs):
+    def main(self, args=None, *rest, **kwargs):
+        argv = sys.argv[1:] if args is None else list(args)
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
-        except click.UsageError as exc:
-            exc.show()
-            sys.exit(EXIT_USAGE)
-        except click.ClickException as exc:
-            exc.show()
+            return super().main(argv, *rest, standalone_mode=False, **kwargs)
+        except click.ClickException as exc:  # usage errors included
+            if "--json" in argv:  # a program asked for JSON: it gets JSON, even for bad arguments
+                click.echo(json.dumps({"ok": False, "exit_code": EXIT_USAGE, "error": exc.format_message()}))
+            else:
+                exc.show()
             sys.exit(EXIT_USAGE)
         except click.Abort:
             click.echo("aborted", err=True)

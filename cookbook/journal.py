@@ -1,11 +1,13 @@
 """All-or-nothing writes to one or more source trees: a lock per tree, and a journal of the
-original bytes from which an interrupted run (even SIGKILL) is undone by the next run.
+original bytes from which an interrupted run (even SIGKILL, even power loss) is undone by the next.
 
-Layout: the journal of a run lives in its first root, `<root>/.cookbook-fixes-journal/`
-(backups + manifest.json). Every other root touched by the run holds a pointer file naming that
-journal, written before anything else. A journal directory only takes its final name once complete
-(atomic rename), so a journal either lists every file the run may change, or does not exist yet and
-nothing has been changed.
+Layout: each tree a run changes gets its own journal, `<root>/.cookbook-fixes-journal/` (backups +
+manifest.json), holding paths relative to that root only: a journal restores into the tree it is
+found in, wherever that tree has been moved or copied since. The journals of one run share a run
+id, so recovering one also recovers the run's other trees where they still are. A journal only takes
+its final name once complete (atomic rename, then fsync of the folder), and every journal of a run
+is in place before the first file is written: a tree holds either its old files, or a journal that
+lists every file the run may change in it.
 """
 from __future__ import annotations
 
@@ -15,19 +17,34 @@ import os
 import shutil
 import signal
 import sys
+import uuid
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .errors import FixRefused
 
 JOURNAL = ".cookbook-fixes-journal"
-POINTER = ".cookbook-fixes-journal-ref"
+# Names a run gives its journal while writing it and while discarding it: always ours to remove.
+_STAGING, _DONE = JOURNAL + ".tmp-", JOURNAL + ".done-"
 # Fault injection for the crash tests only: SIGKILL this process after N file writes.
 FAULT_ENV = "COOKBOOK_TEST_KILL_AFTER_WRITES"
 
 
 def _unique_roots(roots) -> list[Path]:
     return sorted({Path(os.path.realpath(r)) for r in roots})
+
+
+def _try_lock(root: Path, stack: ExitStack, wait: bool) -> bool:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    stack.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if not wait:
+            return False
+        print(f"waiting for another fix-pack run on {root} to finish…", file=sys.stderr)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return True
 
 
 @contextmanager
@@ -37,39 +54,48 @@ def locked(roots):
     The lock is taken on the tree's directory itself, so a run leaves no lock file behind."""
     with ExitStack() as stack:
         for root in _unique_roots(roots):
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-            stack.callback(os.close, fd)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"waiting for another fix-pack run on {root} to finish…", file=sys.stderr)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            _try_lock(root, stack, wait=True)
         yield
 
 
-def _write_bytes(path: Path, data: bytes, mode: int) -> None:
-    """Replace a file's bytes atomically (temp file + rename), with the given mode."""
-    tmp = _temp_name(path)
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.cookbook-tmp")
 
 
+def _write_bytes(path: Path, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
+    """Replace a file's bytes atomically and durably (temp file, fsync, rename), keeping its mode
+    and, where this process may set it, its owner (as dpkg does)."""
+    tmp = _temp_name(path)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, mode)
+    if owner:
+        try:
+            os.chown(tmp, *owner)
+        except PermissionError:
+            pass  # not root: the file becomes ours, as with any editor
+    os.replace(tmp, path)
+
+
 def _existing_ancestor(path: Path) -> Path:
-    while not path.exists():
+    while not os.path.lexists(path):
         path = path.parent
     return path
 
 
-def _remove_empty_parents(folder: Path, roots) -> None:
-    """Like git, a deleted file takes its folders with it once they are empty (never a root)."""
-    stop = {Path(os.path.realpath(r)) for r in roots}
-    while Path(os.path.realpath(folder)) not in stop:
+def _remove_empty_parents(folder: Path, root: Path) -> None:
+    """Like git, a deleted file takes its folders with it once they are empty (never the root)."""
+    while folder != root and root in folder.parents:
         try:
             folder.rmdir()
         except OSError:
@@ -77,109 +103,184 @@ def _remove_empty_parents(folder: Path, roots) -> None:
         folder = folder.parent
 
 
-def _restore(journal: Path) -> list[str]:
-    manifest = json.loads((journal / "manifest.json").read_text())
+def _inside(root: Path, rel: str) -> Path:
+    """root/rel for a path a journal names, refusing one that would leave the root."""
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+        raise FixRefused(f"{root / JOURNAL}: names {rel!r}, which is not a path inside {root}; "
+                         "refusing to restore from it (inspect it, then remove it)")
+    return root / rel
+
+
+def _read_manifest(journal: Path) -> dict:
+    try:
+        manifest = json.loads((journal / "manifest.json").read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+            raise ValueError("not a journal manifest")
+    except (OSError, ValueError) as exc:
+        raise FixRefused(f"{journal} has no readable manifest.json ({exc}): a fix-pack run never "
+                         "leaves its journal in that state, so it cannot say what to restore; inspect "
+                         "it, then remove it") from None
+    return manifest
+
+
+def _restore(root: Path, journal: Path) -> list[str]:
+    """Put back every file the journal lists, in the tree it was found in; then discard it."""
+    manifest = _read_manifest(journal)
     restored = []
     for entry in manifest["files"]:
-        path = Path(entry["path"])
+        path = _inside(root, entry["path"])
         if entry["backup"] is None:
-            path.unlink(missing_ok=True)
+            if path.is_file() or path.is_symlink():
+                path.unlink()
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_bytes(path, (journal / entry["backup"]).read_bytes(), entry["mode"])
+            _write_bytes(path, (journal / entry["backup"]).read_bytes(), entry["mode"],
+                         tuple(entry["owner"]) if entry.get("owner") else None)
         _temp_name(path).unlink(missing_ok=True)  # a write killed between open and rename
         restored.append(str(path))
-    for folder in manifest.get("created_dirs", []):  # deepest first
+    for rel in manifest.get("created_dirs", []):  # deepest first
         try:
-            os.rmdir(folder)
+            os.rmdir(_inside(root, rel))
         except OSError:
             pass  # not empty or already gone
-    for pointer in manifest["pointers"]:
-        Path(pointer).unlink(missing_ok=True)
     _discard(journal)
     return restored
 
 
 def _discard(journal: Path) -> None:
-    doomed = journal.with_name(journal.name + f".done-{os.getpid()}")
+    doomed = journal.with_name(_DONE + str(os.getpid()))
     os.rename(journal, doomed)  # atomic: the journal stops counting before it is deleted
+    _fsync_dir(journal.parent)
     shutil.rmtree(doomed)
 
 
+def _pending_journal(root: Path) -> Path | None:
+    """The root's journal when there is one; refuses anything there that a run does not leave."""
+    journal = root / JOURNAL
+    if journal.is_symlink() or (journal.exists() and not journal.is_dir()):
+        raise FixRefused(f"{journal} is not a directory: the fix pack keeps its journal there and did "
+                         "not write this; move it aside, then run again")
+    return journal if journal.is_dir() else None
+
+
 def recover(roots) -> list[str]:
-    """Undo an interrupted run found in these trees; returns the files restored."""
+    """Undo an interrupted run found in these trees (and in the other trees of that run, where
+    they still are and no other run holds them); returns the files restored."""
     restored: list[str] = []
-    for root in _unique_roots(roots):
-        for leftover in root.glob(JOURNAL + ".*"):  # incomplete or already-discarded journals
-            shutil.rmtree(leftover, ignore_errors=True)
-        pointer = root / POINTER
-        if pointer.exists():
-            journal = Path(pointer.read_text().strip())
-            if (journal / "manifest.json").exists():
-                restored += _restore(journal)
-            pointer.unlink(missing_ok=True)
-        if (root / JOURNAL / "manifest.json").exists():
-            restored += _restore(root / JOURNAL)
-        elif (root / JOURNAL).exists():  # not one of ours in a state we write: nothing it can undo
-            shutil.rmtree(root / JOURNAL)
+    roots = _unique_roots(roots)
+    for root in roots:
+        for leftover in [*root.glob(_STAGING + "*"), *root.glob(_DONE + "*")]:
+            shutil.rmtree(leftover, ignore_errors=True)  # a journal never completed, or discarded
+        journal = _pending_journal(root)
+        if journal is None:
+            continue
+        manifest = _read_manifest(journal)
+        restored += _restore(root, journal)
+        for other in map(Path, manifest.get("roots", [])):
+            if other == root or other in roots or not other.is_dir():
+                continue
+            with ExitStack() as stack:
+                if not _try_lock(other, stack, wait=False):
+                    continue  # a run holds it, and recovers it first
+                theirs = _pending_journal(other)
+                if theirs and _read_manifest(theirs).get("run") == manifest.get("run"):
+                    restored += _restore(other, theirs)
     return restored
 
 
 def check_writable(changes) -> None:
-    """Refuse, before any write, files marked read-only and folders that cannot be written."""
+    """Refuse, before any write, what the writes would fail on: read-only files, folders that cannot
+    be written, a folder where a file goes, a file where a folder goes."""
     for path in changes:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise FixRefused(f"{path} is a directory where a fix writes a file; refusing before any write")
         if path.exists() and not os.stat(path).st_mode & 0o222:
             raise FixRefused(f"{path} is read-only; refusing before any write")
         folder = _existing_ancestor(path.parent)
+        if not folder.is_dir():
+            raise FixRefused(f"{folder} is a file where a fix needs a directory; refusing before any write")
         if not os.access(folder, os.W_OK):
             raise FixRefused(f"{folder} is not writable; refusing before any write")
+
+
+def _root_of(path: Path, roots: list[Path]) -> tuple[Path, str]:
+    for root in sorted(roots, key=lambda r: len(r.parts), reverse=True):
+        if root in path.parents:
+            return root, path.relative_to(root).as_posix()
+    raise FixRefused(f"{path} is outside the trees of this run ({', '.join(map(str, roots))})")
+
+
+def _write_journal(root: Path, rels: list[str], run: str, roots: list[Path]) -> Path:
+    """The complete journal of one tree, under its staging name (renamed into place by the caller)."""
+    staging = root / (_STAGING + str(os.getpid()))
+    staging.mkdir()
+    entries, created_dirs = [], set()
+    for index, rel in enumerate(rels):
+        path = root / rel
+        if path.exists():
+            st = os.stat(path)
+            shutil.copyfile(path, staging / str(index))
+            with open(staging / str(index), "rb") as fh:
+                os.fsync(fh.fileno())
+            entries.append({"path": rel, "backup": str(index), "mode": st.st_mode & 0o7777,
+                            "owner": [st.st_uid, st.st_gid]})
+        else:
+            entries.append({"path": rel, "backup": None})
+            folder = path.parent
+            while not folder.exists():
+                created_dirs.add(folder.relative_to(root).as_posix())
+                folder = folder.parent
+    with open(staging / "manifest.json", "w") as fh:
+        json.dump({"run": run, "roots": [str(r) for r in roots], "files": entries,
+                   "created_dirs": sorted(created_dirs, key=len, reverse=True)}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(staging)
+    return staging
 
 
 def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
     """Write `changes` (absolute path -> (new bytes, mode), None to delete) all or nothing."""
     roots = _unique_roots(roots)
     check_writable(changes)
-    primary = roots[0]
-    journal = primary / JOURNAL
-    pointers = [str(r / POINTER) for r in roots[1:]]
-    for pointer in pointers:
-        Path(pointer).write_text(str(journal) + "\n")
-    staging = primary / (JOURNAL + f".tmp-{os.getpid()}")
-    staging.mkdir()
-    entries, created_dirs = [], set()
-    for index, path in enumerate(sorted(changes)):
-        if path.exists():
-            shutil.copyfile(path, staging / str(index))
-            entries.append({"path": str(path), "backup": str(index), "mode": os.stat(path).st_mode & 0o7777})
-        else:
-            entries.append({"path": str(path), "backup": None})
-            folder = path.parent
-            while not folder.exists():
-                created_dirs.add(str(folder))
-                folder = folder.parent
-    with open(staging / "manifest.json", "w") as fh:
-        json.dump({"files": entries, "pointers": pointers,
-                   "created_dirs": sorted(created_dirs, key=len, reverse=True)}, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(staging, journal)  # from here on, the journal can undo everything below
+    per_root: dict[Path, list[str]] = {}
+    for path in sorted(changes):
+        root, rel = _root_of(path, roots)
+        per_root.setdefault(root, []).append(rel)
+    run = uuid.uuid4().hex
+    touched = sorted(per_root)
+    journals = {root: _write_journal(root, rels, run, touched) for root, rels in per_root.items()}
+    for root, staging in journals.items():
+        os.rename(staging, root / JOURNAL)  # from here on, this journal can undo its tree
+        _fsync_dir(root)
+    journals = {root: root / JOURNAL for root in journals}
 
     kill_after = int(os.environ.get(FAULT_ENV, "0") or 0)
+    written = 0
     try:
-        for written, entry in enumerate(entries, start=1):
-            path = Path(entry["path"])
-            new = changes[path]
-            if new is None:
-                path.unlink(missing_ok=True)
-                _remove_empty_parents(path.parent, roots)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _write_bytes(path, *new)
-            if kill_after and written >= kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    except BaseException:
-        _restore(journal)
+        for root, rels in per_root.items():
+            for rel in rels:
+                path, new = root / rel, changes[root / rel]
+                if new is None:
+                    path.unlink(missing_ok=True)
+                    _remove_empty_parents(path.parent, root)
+                else:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    owner = os.stat(path) if path.exists() else None
+                    _write_bytes(path, *new, (owner.st_uid, owner.st_gid) if owner else None)
+                _fsync_dir(path.parent if path.parent.exists() else root)
+                written += 1
+                if kill_after and written >= kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+    except BaseException as exc:
+        for root, journal in journals.items():
+            _restore(root, journal)
+        if isinstance(exc, OSError):
+            where = f" {exc.filename}" if exc.filename else ""
+            raise FixRefused(f"writing{where} failed: {os.strerror(exc.errno) if exc.errno else exc}; "
+                             "every file was restored, nothing changed") from None
         raise
-    _discard(journal)
-    for pointer in pointers:
-        Path(pointer).unlink(missing_ok=True)
+    for journal in journals.values():
+        _discard(journal)
+

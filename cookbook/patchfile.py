@@ -14,9 +14,24 @@ import unidiff
 
 from .errors import FixRefused
 
-_DIFF_GIT = re.compile(r"^diff --git (\S+) (\S+)$")
-_INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: \d+)?$")
+_INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: (\d+))?$")
 _NULL_BLOB = "0" * 40
+# git's modes for a symbolic link and a submodule: neither is a file the fix pack may write.
+_LINK_MODES = {"120000": "a symbolic link", "160000": "a submodule"}
+_C_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+@dataclass(frozen=True)
+class Hunk:
+    source_start: int
+    source_length: int
+    target_start: int
+    target_length: int
+    section_header: str
+
+    def __str__(self) -> str:
+        header = f" {self.section_header}" if self.section_header else ""
+        return f"@@ -{self.source_start},{self.source_length} +{self.target_start},{self.target_length} @@{header}"
 
 
 @dataclass(frozen=True)
@@ -25,6 +40,8 @@ class FileChange:
     new_path: str | None  # None: the patch deletes the file
     pre_blob: str | None
     post_blob: str | None
+    new_mode: str | None = None  # "100644"/"100755" when the patch creates the file or changes its mode
+    hunks: tuple[Hunk, ...] = ()
 
     @property
     def paths(self) -> list[str]:
@@ -51,7 +68,29 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def unquote_path(name: str) -> str:
+    """A path as git writes it: as is, or C-quoted ("a/t\\303\\251st") when it has special bytes."""
+    if not (len(name) >= 2 and name[0] == name[-1] == '"'):
+        return name
+    out, body, i = bytearray(), name[1:-1], 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            out += ch.encode()
+            i += 1
+        elif body[i + 1:i + 2] in _C_ESCAPES:
+            out.append(_C_ESCAPES[body[i + 1]])
+            i += 2
+        elif re.fullmatch(r"[0-7]{3}", body[i + 1:i + 4]):
+            out.append(int(body[i + 1:i + 4], 8))
+            i += 4
+        else:
+            raise ValueError(f"bad escape in quoted path {name}")
+    return out.decode("utf-8", "surrogateescape")
+
+
 def _strip_prefix(path: str, prefix: str) -> str | None:
+    path = unquote_path(path.rstrip("\t"))  # git ends a name holding a space with a tab
     if path == "/dev/null":
         return None
     if not path.startswith(prefix):
@@ -59,50 +98,46 @@ def _strip_prefix(path: str, prefix: str) -> str | None:
     return path[len(prefix):]
 
 
+def _file_change(pfile: unidiff.PatchedFile) -> FileChange:
+    """One file section: names as unidiff read them (spaces and quoting as git writes them), blob
+    ids and modes from its extended header lines."""
+    old, new = _strip_prefix(pfile.source_file, "a/"), _strip_prefix(pfile.target_file, "b/")
+    pre = post = mode = None
+    for line in str(pfile.patch_info).splitlines():
+        if m := _INDEX.match(line):
+            pre = None if m.group(1) == _NULL_BLOB else m.group(1)
+            post = None if m.group(2) == _NULL_BLOB else m.group(2)
+            modes = [m.group(3)]
+        else:
+            word, _, value = line.rpartition(" ")
+            if word not in ("new file mode", "deleted file mode", "old mode", "new mode"):
+                continue
+            if word == "new file mode":
+                old = None
+            elif word == "deleted file mode":
+                new = None
+            if word in ("new file mode", "new mode"):
+                mode = value
+            modes = [value]
+        for value in modes:
+            if value in _LINK_MODES:
+                raise ValueError(f"{new or old} is {_LINK_MODES[value]} (mode {value}); the fix pack "
+                                 "writes regular files only")
+    if pfile.is_added_file:
+        old = None
+    if pfile.is_removed_file:
+        new = None
+    hunks = tuple(Hunk(h.source_start, h.source_length, h.target_start, h.target_length, h.section_header)
+                  for h in pfile)
+    return FileChange(old, new, pre, post, mode, hunks)
+
+
 def parse(path: Path) -> ParsedPatch:
-    """Parse a patch file, refusing anything malformed (with the reason)."""
+    """Parse a patch file, refusing anything malformed or unsafe to write (with the reason)."""
     text = path.read_bytes()
     try:
-        decoded = text.decode("utf-8")
-        unidiff.PatchSet(decoded)  # well-formed hunks and line counts
-    except (UnicodeDecodeError, unidiff.UnidiffParseError) as exc:
-        raise FixRefused(f"malformed patch {path}: {exc}") from None
-    changes: list[FileChange] = []
-    current: dict | None = None
-
-    def flush():
-        if current is not None:
-            changes.append(FileChange(current["old"], current["new"], current["pre"], current["post"]))
-
-    try:
-        for line in decoded.splitlines():
-            m = _DIFF_GIT.match(line)
-            if m:
-                flush()
-                current = {"old": _strip_prefix(m.group(1), "a/"), "new": _strip_prefix(m.group(2), "b/"),
-                           "pre": None, "post": None}
-                continue
-            if current is None:
-                continue
-            if line.startswith("new file mode"):
-                current["old"] = None
-            elif line.startswith("deleted file mode"):
-                current["new"] = None
-            elif line.startswith(("rename from ", "copy from ")):
-                current["old"] = line.split(" ", 2)[2]
-            elif line.startswith(("rename to ", "copy to ")):
-                current["new"] = line.split(" ", 2)[2]
-            elif line.startswith("--- "):
-                current["old"] = _strip_prefix(line[4:].split("\t")[0], "a/")
-            elif line.startswith("+++ "):
-                current["new"] = _strip_prefix(line[4:].split("\t")[0], "b/")
-            else:
-                m = _INDEX.match(line)
-                if m:
-                    current["pre"] = None if m.group(1) == _NULL_BLOB else m.group(1)
-                    current["post"] = None if m.group(2) == _NULL_BLOB else m.group(2)
-        flush()
-    except ValueError as exc:
+        changes = [_file_change(pfile) for pfile in unidiff.PatchSet(text.decode("utf-8"))]
+    except (UnicodeDecodeError, unidiff.UnidiffParseError, ValueError) as exc:
         raise FixRefused(f"malformed patch {path}: {exc}") from None
     if not changes:
         raise FixRefused(f"malformed patch {path}: no `diff --git` file sections")
@@ -127,6 +162,8 @@ def check_paths(patch: ParsedPatch, root: Path, package: str) -> None:
             reason = "contains a backslash"
         elif not pure.parts or pure.parts[0] != package:
             reason = f"is outside the target package {package}/"
+        elif os.path.islink(root / rel):
+            reason = f"is a symbolic link to {os.readlink(root / rel)}; the fix pack writes regular files only"
         else:
             real = os.path.realpath(root / rel)
             if not real.startswith(package_dir + os.sep):

@@ -50,7 +50,7 @@ def probe(targets: dict) -> dict:
         entry.update(commit=ident.commit, how=ident.how, evidence=ident.evidence)
         checkout = Path(spec["image-checkout"]) if spec.get("image-checkout") else None
         entry["checkout"] = str(checkout) if checkout else None
-        entry["checkout_commit"] = sources.git_head(checkout) if checkout else None
+        entry["checkout_commit"] = sources.checkout_head(checkout) if checkout else None
         if checkout and (checkout / package).is_dir():
             differing = compare_install(root / package, checkout / package)
             entry["installed_matches_checkout"] = not differing

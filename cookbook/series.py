@@ -5,6 +5,7 @@ fuzz), and only when every fix has its answer does it write, all at once, throug
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -14,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
-import unidiff
 
 from . import journal, patchfile, sources
-from .errors import EXIT_OK, BaseMismatch, CookbookError, FixRefused, UsageError
+from .errors import EXIT_OK, BaseMismatch, FixRefused, UsageError
 from .profiles import REPO_ROOT, Fix, Profile
 
 STAMP = "cookbook-fixes.json"
@@ -89,10 +89,16 @@ def _display(path: Path) -> str:
 
 
 class Scratch:
-    """Copies of the files a run touches, per target, where `git apply` works the series out."""
+    """Copies of the files a run touches, per target, where `git apply` works the series out.
+
+    It lives in the temporary folder under a lock held for its lifetime, so the folder of a run
+    that was killed is recognised (its lock is free) and removed by the next run."""
 
     def __init__(self, roots: dict[str, Path], files: dict[str, set[str]]):
-        self.dir = Path(tempfile.mkdtemp(prefix="cookbook-scratch-"))
+        _remove_stale_scratch()
+        self.dir = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+        self._lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.roots = roots
         self.original: dict[tuple[str, str], tuple[bytes, int] | None] = {}
         for target, rels in files.items():
@@ -106,6 +112,8 @@ class Scratch:
     def current(self, target: str, rel: str) -> tuple[bytes, int] | None:
         """(bytes, permission bits) of the scratch file, None when it does not exist."""
         path = self.dir / target / rel
+        if path.is_symlink():  # patches with links are refused when parsed; never follow one
+            raise FixRefused(f"{target}: {rel} became a symbolic link; refusing before any write")
         return (path.read_bytes(), path.stat().st_mode & 0o7777) if path.is_file() else None
 
     def blob(self, target: str, rel: str) -> str | None:
@@ -129,28 +137,57 @@ class Scratch:
         out = {}
         for (target, rel), before in self.original.items():
             after = self.current(target, rel)
+            if after is not None and before is not None:
+                after = (after[0], _kept_mode(before[1], after[1]))
             if after != before:
                 out[self.roots[target] / rel] = after
         return out
 
     def close(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+        os.close(self._lock)
+
+
+SCRATCH_PREFIX = "cookbook-scratch-"
+
+
+def _remove_stale_scratch() -> None:
+    """Remove the scratch folders of killed runs: those whose lock nobody holds."""
+    for folder in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(folder, ignore_errors=True)
+        except BlockingIOError:
+            pass  # a live run's
+        finally:
+            os.close(fd)
+
+
+def _kept_mode(before: int, after: int) -> int:
+    """The file's own permission bits, with only the change git tracks (executable or not) taken
+    from the patch: `git apply` rewrites files 0644/0755, which would drop a 0600 or 0664."""
+    if bool(before & 0o100) == bool(after & 0o100):
+        return before
+    return before | (before & 0o444) >> 2 if after & 0o100 else before & ~0o111
 
 
 def _failed_hunk(parsed: patchfile.ParsedPatch, git_error: str) -> str:
     """Name the hunk git stopped at (git says `patch failed: FILE:LINE`)."""
-    m = re.search(r"patch failed: (\S+):(\d+)", git_error)
+    m = re.search(r"patch failed: (.+):(\d+)$", git_error, re.MULTILINE)
     detail = git_error.strip().splitlines()
     summary = "; ".join(line.removeprefix("error: ") for line in detail if line.startswith("error:")) or git_error.strip()
     if not m:
         return summary
-    rel, line = m.group(1), int(m.group(2))
-    for pfile in unidiff.PatchSet(parsed.text.decode()):
-        if pfile.path == rel:
-            for hunk in pfile:
+    rel, line = patchfile.unquote_path(m.group(1)), int(m.group(2))
+    for change in parsed.changes:
+        if rel in change.paths:
+            for hunk in change.hunks:
                 if hunk.source_start == line:
-                    header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@{hunk.section_header and ' ' + hunk.section_header}"
-                    return f"{summary}; hunk {header} does not match {rel}"
+                    return f"{summary}; hunk {hunk} does not match {rel}"
     return summary
 
 
@@ -177,10 +214,21 @@ def check_requirements(profile: Profile, fixes: list[Fix]) -> None:
 
 
 def _read_stamp(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except ValueError:
+    """A package's stamp, {} when there is none; refuses one that is not the fix pack's own."""
+    if not path.exists():
         return {}
+    try:
+        stamp = json.loads(path.read_text())
+        if not isinstance(stamp, dict) or not isinstance(stamp.get("profiles", {}), dict):
+            raise ValueError('expected a JSON object whose "profiles" is an object')
+        for name, entry in stamp.get("profiles", {}).items():
+            if not (isinstance(entry, dict) and isinstance(entry.get("fixes", []), list)
+                    and all(isinstance(f, dict) for f in entry.get("fixes", []))):
+                raise ValueError(f'profile {name!r}: expected an object whose "fixes" is a list of objects')
+    except (OSError, ValueError) as exc:
+        raise FixRefused(f"{path} is not a fix-pack stamp ({exc}); it records what the tree carries, "
+                         "so the run cannot trust it: move it aside only if the tree is pristine") from None
+    return stamp
 
 
 def stamped_opt_ins(profile: Profile, roots: dict[str, Path]) -> list[str]:
@@ -231,15 +279,15 @@ def run(profile: Profile, roots: dict[str, Path], names: list[str], mode: str = 
     report = RunReport(profile=profile.name, mode=mode, scope=sorted(roots))
     # Every run, even a dry one, first undoes a run that was interrupted on these trees.
     with journal.locked(roots.values()):
-        report.recovered = journal.recover(roots.values())
-        if mode != "verify":
-            kept = stamped_opt_ins(profile, roots)
-            names = [n for n in profile.all_fixes if n in set(names) | set(kept)]
-        fixes = [profile.load_fix(n) for n in names]
-        check_requirements(profile, fixes)
         try:
+            report.recovered = journal.recover(roots.values())
+            if mode != "verify":
+                kept = stamped_opt_ins(profile, roots)
+                names = [n for n in profile.all_fixes if n in set(names) | set(kept)]
+            fixes = [profile.load_fix(n) for n in names]
+            check_requirements(profile, fixes)
             _run_locked(profile, roots, fixes, mode, strict, check_pin, report)
-        except CookbookError as exc:
+        except (FixRefused, BaseMismatch) as exc:  # usage and profile errors go to the caller
             report.exit_code, report.error = exc.exit_code, str(exc)
     return report
 

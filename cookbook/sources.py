@@ -35,17 +35,28 @@ def locate(package: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]).resolve().parent
 
 
+class UnreadableCheckout(Exception):
+    """A git checkout is there but git cannot tell its HEAD: identification must stop, not fall
+    back to a weaker record that may disagree with the code."""
+
+
 def git_head(checkout: Path) -> str | None:
-    """HEAD of a git checkout whose top is exactly `checkout` (never an enclosing repository)."""
+    """HEAD of a git checkout whose top is exactly `checkout` (never an enclosing repository);
+    None when there is no checkout there. Git's ownership check is waived for this one read-only
+    query (a stock image's checkout may belong to another user); any other failure raises."""
     if not (checkout / ".git").exists():
         return None
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(checkout.parent))
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(checkout.parent), GIT_CONFIG_NOSYSTEM="1",
+               GIT_CONFIG_GLOBAL=os.devnull)
+    cmd = ["git", "-c", f"safe.directory={checkout}", "-C", str(checkout), "rev-parse", "--verify", "HEAD"]
     try:
-        out = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, env=env, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UnreadableCheckout(f"git checkout at {checkout}: cannot run git ({exc})") from None
+    if out.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", out.stdout.strip()):
+        error = (out.stderr.strip().splitlines() or ["no commit"])[-1]
+        raise UnreadableCheckout(f"git checkout at {checkout}: git cannot read its HEAD ({error})")
+    return out.stdout.strip()
 
 
 def _normalise(name: str) -> str:
@@ -93,21 +104,26 @@ def version_file(root: Path, package: str) -> dict | None:
 
 def identify(root: Path, package: str, distribution: str) -> Identity:
     """The commit of the code under `root`: a git checkout at the root, else the checkout the
-    installed distribution was built from (direct_url.json), else the generated _version.py."""
+    installed distribution was built from (direct_url.json), else the generated _version.py.
+    A checkout that is there but unreadable stops identification (commit None): a later record
+    may name the pin while the code is another commit's."""
     evidence: dict = {}
-    head = git_head(root)
-    if head:
-        evidence["checkout"] = {"path": str(root), "commit": head}
-    url = direct_url(root, distribution)
-    url_commit = None
-    if url:
-        evidence["direct_url"] = url
-        vcs = url.get("vcs_info") or {}
-        if vcs.get("commit_id"):
-            url_commit = (vcs["commit_id"], f"direct_url.json vcs_info of {distribution}")
-        elif (src := url_to_path(url.get("url", ""))) and (src_head := git_head(src)):
-            evidence["installed_from"] = {"path": str(src), "commit": src_head}
-            url_commit = (src_head, f"direct_url.json -> git checkout {src}")
+    try:
+        head = git_head(root)
+        if head:
+            evidence["checkout"] = {"path": str(root), "commit": head}
+        url = direct_url(root, distribution)
+        url_commit = None
+        if url:
+            evidence["direct_url"] = url
+            vcs = url.get("vcs_info") or {}
+            if vcs.get("commit_id"):
+                url_commit = (vcs["commit_id"], f"direct_url.json vcs_info of {distribution}")
+            elif not head and (src := url_to_path(url.get("url", ""))) and (src_head := git_head(src)):
+                evidence["installed_from"] = {"path": str(src), "commit": src_head}
+                url_commit = (src_head, f"direct_url.json -> git checkout {src}")
+    except UnreadableCheckout as exc:
+        return Identity(None, f"cannot identify: {exc}", evidence)
     version = version_file(root, package)
     if version:
         evidence["version_file"] = version
@@ -119,3 +135,11 @@ def identify(root: Path, package: str, distribution: str) -> Identity:
         return Identity(version["commit"], f"{package}/_version.py commit id", evidence)
     return Identity(None, "no git checkout, direct_url.json commit or _version.py commit id found",
                     evidence)
+
+
+def checkout_head(checkout: Path) -> str | None:
+    """git_head for a report: an unreadable checkout reads as unidentified, never as a commit."""
+    try:
+        return git_head(checkout)
+    except UnreadableCheckout:
+        return None
