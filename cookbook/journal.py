@@ -134,10 +134,13 @@ def _restore(root: Path, journal: Path) -> list[str]:
             if path.is_file() or path.is_symlink():
                 path.unlink()
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_bytes(path, (journal / entry["backup"]).read_bytes(), entry["mode"],
-                         tuple(entry["owner"]) if entry.get("owner") else None)
-        _temp_name(path).unlink(missing_ok=True)  # a write killed between open and rename
+            backup = (journal / entry["backup"]).read_bytes()
+            if not (path.is_file() and os.stat(path).st_mode & 0o7777 == entry["mode"]
+                    and path.read_bytes() == backup):  # a file the run had not reached yet
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_bytes(path, backup, entry["mode"], tuple(entry["owner"]) if entry.get("owner") else None)
+        if _temp_name(path).is_file():
+            _temp_name(path).unlink()  # a write killed between open and rename
         restored.append(str(path))
     for rel in manifest.get("created_dirs", []):  # deepest first
         try:
@@ -177,8 +180,8 @@ def recover(roots) -> list[str]:
             continue
         manifest = _read_manifest(journal)
         restored += _restore(root, journal)
-        for other in map(Path, manifest.get("roots", [])):
-            if other == root or other in roots or not other.is_dir():
+        for other in map(Path, manifest.get("other_roots", [])):
+            if other in roots or not other.is_dir():
                 continue
             with ExitStack() as stack:
                 if not _try_lock(other, stack, wait=False):
@@ -211,7 +214,7 @@ def _root_of(path: Path, roots: list[Path]) -> tuple[Path, str]:
     raise FixRefused(f"{path} is outside the trees of this run ({', '.join(map(str, roots))})")
 
 
-def _write_journal(root: Path, rels: list[str], run: str, roots: list[Path]) -> Path:
+def _write_journal(root: Path, rels: list[str], run: str, other_roots: list[Path]) -> Path:
     """The complete journal of one tree, under its staging name (renamed into place by the caller)."""
     staging = root / (_STAGING + str(os.getpid()))
     staging.mkdir()
@@ -232,7 +235,7 @@ def _write_journal(root: Path, rels: list[str], run: str, roots: list[Path]) -> 
                 created_dirs.add(folder.relative_to(root).as_posix())
                 folder = folder.parent
     with open(staging / "manifest.json", "w") as fh:
-        json.dump({"run": run, "roots": [str(r) for r in roots], "files": entries,
+        json.dump({"run": run, "other_roots": [str(r) for r in other_roots], "files": entries,
                    "created_dirs": sorted(created_dirs, key=len, reverse=True)}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
@@ -249,8 +252,8 @@ def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
         root, rel = _root_of(path, roots)
         per_root.setdefault(root, []).append(rel)
     run = uuid.uuid4().hex
-    touched = sorted(per_root)
-    journals = {root: _write_journal(root, rels, run, touched) for root, rels in per_root.items()}
+    journals = {root: _write_journal(root, rels, run, [r for r in per_root if r != root])
+                for root, rels in per_root.items()}
     for root, staging in journals.items():
         os.rename(staging, root / JOURNAL)  # from here on, this journal can undo its tree
         _fsync_dir(root)

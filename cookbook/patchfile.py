@@ -47,6 +47,11 @@ class FileChange:
     def paths(self) -> list[str]:
         return [p for p in (self.old_path, self.new_path) if p]
 
+    @property
+    def changes_mode(self) -> bool:
+        """An `old mode`/`new mode` pair: the patch sets the executable bit of an existing file."""
+        return self.new_mode is not None and self.old_path is not None
+
 
 @dataclass(frozen=True)
 class ParsedPatch:

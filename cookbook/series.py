@@ -132,13 +132,16 @@ class Scratch:
             with_extended_output=True, with_exceptions=False)
         return status == 0, err
 
-    def changes(self) -> dict[Path, tuple[bytes, int] | None]:
-        """Real path -> new (bytes, mode), or None to delete, for every file the run changes."""
+    def changes(self, mode_changes: set[tuple[str, str]]) -> dict[Path, tuple[bytes, int] | None]:
+        """Real path -> new (bytes, mode), or None to delete, for every file the run changes.
+        `git apply` writes every file 0644/0755 from the patch's mode: a file keeps its own
+        permission bits unless a patch changes its mode (`mode_changes`: (target, path))."""
         out = {}
         for (target, rel), before in self.original.items():
             after = self.current(target, rel)
             if after is not None and before is not None:
-                after = (after[0], _kept_mode(before[1], after[1]))
+                mode = _with_exec_bit(before[1], after[1]) if (target, rel) in mode_changes else before[1]
+                after = (after[0], mode)
             if after != before:
                 out[self.roots[target] / rel] = after
         return out
@@ -167,11 +170,8 @@ def _remove_stale_scratch() -> None:
             os.close(fd)
 
 
-def _kept_mode(before: int, after: int) -> int:
-    """The file's own permission bits, with only the change git tracks (executable or not) taken
-    from the patch: `git apply` rewrites files 0644/0755, which would drop a 0600 or 0664."""
-    if bool(before & 0o100) == bool(after & 0o100):
-        return before
+def _with_exec_bit(before: int, after: int) -> int:
+    """The file's own permission bits with the executable bit git wrote (x where r is)."""
     return before | (before & 0o444) >> 2 if after & 0o100 else before & ~0o111
 
 
@@ -219,8 +219,8 @@ def _read_stamp(path: Path) -> dict:
         return {}
     try:
         stamp = json.loads(path.read_text())
-        if not isinstance(stamp, dict) or not isinstance(stamp.get("profiles", {}), dict):
-            raise ValueError('expected a JSON object whose "profiles" is an object')
+        if not isinstance(stamp, dict) or set(stamp) - {"profiles"} or not isinstance(stamp.get("profiles", {}), dict):
+            raise ValueError('expected a JSON object with one key, "profiles", an object')
         for name, entry in stamp.get("profiles", {}).items():
             if not (isinstance(entry, dict) and isinstance(entry.get("fixes", []), list)
                     and all(isinstance(f, dict) for f in entry.get("fixes", []))):
@@ -351,7 +351,8 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
         failed = [r for r in pending if r.status == "failed"]
         if failed:
             raise FixRefused("; ".join(f"{r.name}: {r.reason}" for r in failed) + "; nothing was written")
-        changes = scratch.changes()
+        changes = scratch.changes({(t, c.old_path) for t, items in parsed.items() for _p, patch in items
+                                   for c in patch.changes if c.changes_mode})
         if mode in ("apply", "revert"):
             changes.update(_stamp_changes(profile, report, roots, revert=(mode == "revert")))
         journal.check_writable(changes)
