@@ -1,30 +1,42 @@
-"""Text-only loading of a sharded safetensors checkpoint: the port's loader vs safetensors' safe_open.
+"""Text-only loading of a sharded safetensors checkpoint: the port's loader vs a plain read and safe_open.
 
 Builds (once, cached outside the repository) a synthetic checkpoint laid out like the TML Inkling one:
 `model.llm.*` text tensors with `model.visual.*` and `model.audio.*` tensors in the same shards and
-`model.mtp.*` in its own mtp.safetensors. Then, in one run, alternating, several times each:
+`model.mtp.*` in its own mtp.safetensors. Each layer has a q projection [Q, H] (split on dim 0 for
+tensor parallelism), an output projection [H, Q] (split on dim 1), experts w13 [E, 2I, H] (dim 1)
+and w2 [E, H, I] (dim 2), and small replicated norms; the split dims come from the port's own
+name table (inkling_hpu.model.weights). Then, in one run, alternating, several times each:
 
-  plain       each text tensor's byte range read sequentially (buffered) into a fresh tensor: the
-              baseline, no header parsing, no skipping logic
-  port        inkling_hpu.loader.TextCheckpoint(...).load(): headers, then text byte ranges only
-  safe_open   safetensors.safe_open + get_tensor for every tensor (what a generic loader does)
-  plain_reuse the same reads as plain into one reused 16 MiB buffer, for context: storage speed
-              without the cost of touching fresh memory (large on VMs that fault pages in lazily)
+  plain        each text tensor's byte range read sequentially (buffered) into a fresh tensor: the
+               baseline, no header parsing, no skipping logic
+  port         inkling_hpu.loader.TextCheckpoint(...).load(): headers, then text byte ranges only
+  port_direct  the same with direct=True (O_DIRECT, several requests in flight)
+  safe_open    safetensors.safe_open + get_tensor for every tensor (what a generic loader does)
+  plain_reuse  the same reads as plain into one reused 16 MiB buffer, for context: storage speed
+               without the cost of touching fresh memory
+
+With --tp 8, instead: 8 processes (one per rank, as the 8 workers on a node) load their rank's
+slabs of the same checkpoint at once, vs one plain sequential read of the text bytes:
+
+  tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is
+  tp_port_direct   the same with direct=True
+  tp_presharded    each rank reads its own file holding only its slabs (a one-time pre-sharded
+                   layout, written here by the loader itself)
 
 Every method touches every page of every tensor it returns (a lazy mmap is not read until touched).
-
 Before each run the files are dropped from the page cache (posix_fadvise DONTNEED), so the bytes
-come from storage; "bytes read" is /proc/self/io read_bytes (storage reads, readahead included).
-Prints medians and ratios: bytes read vs the text bytes (aim <= 1.02x) and throughput vs plain
-(aim >= 0.8x).
+come from storage; "read" is /proc/<pid>/io read_bytes (storage reads, readahead included), summed
+over the ranks with --tp. Prints min/median/max times and ratios, and the disk the files are on.
 
-    python benchmarks/text_only_load.py [--gib 2.5] [--runs 5] [--dir DIR] [--json]
+    python benchmarks/text_only_load.py [--gib 2.5] [--runs 7] [--tp 8] [--dir DIR] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import re
 import statistics
 import sys
 import time
@@ -37,11 +49,13 @@ from safetensors.torch import save_file
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ports" / "inkling-small"))
 
-from inkling_hpu.loader import TextCheckpoint  # noqa: E402
+from inkling_hpu.loader import TensorSpec, TextCheckpoint  # noqa: E402
+from inkling_hpu.model.weights import CHECKPOINT_TO_PORT  # noqa: E402
 
 DEFAULT_DIR = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "bench-text-only-load"
 MIB = 1 << 20
 HIDDEN = 2048
+EXPERTS = 2          # few, large experts: a TP 8 slab of w13 is then E pieces of 1.75 MiB, 14 MiB apart
 
 
 def _io_counters() -> dict[str, int]:
@@ -52,25 +66,31 @@ def _io_counters() -> dict[str, int]:
     return counters
 
 
-def _tensor(nbytes: int, seed: int) -> torch.Tensor:
-    """bf16 tensor of about nbytes, rows of HIDDEN, filled with cheap pseudo-random bits."""
-    rows = max(1, nbytes // (HIDDEN * 2))
+def _tensor(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """bf16 tensor filled with cheap pseudo-random bits."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(-(1 << 15), 1 << 15, (rows, HIDDEN), dtype=torch.int16, generator=gen).view(torch.bfloat16)
+    return torch.randint(-(1 << 15), 1 << 15, shape, dtype=torch.int16, generator=gen).view(torch.bfloat16)
+
+
+def _rows(nbytes: int, per_row: int, multiple: int = 64) -> int:
+    return max(multiple, nbytes // per_row // multiple * multiple)
 
 
 def build_checkpoint(directory: Path, total_gib: float) -> None:
-    """Text ~64% of the bytes, vision ~16%, audio ~8% (both inside the text shards), MTP ~12% (own file)."""
+    """Text ~64% of the bytes, vision ~16%, audio ~8% (both inside the text shards), MTP ~12% (own file).
+    Per layer: q 20%, o 20% (row-split), experts w13 40%, w2 20% (row-split) of the text bytes."""
     stamp = directory / "built.json"
-    wanted = {"total_gib": total_gib, "layout": 2}
+    wanted = {"total_gib": total_gib, "layout": 3}
     if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    for old in directory.glob("*.safetensors"):
+    for old in [*directory.glob("*.safetensors"), *directory.glob("tp*/rank-*/*")]:
         old.unlink()
     total = int(total_gib * 1024 * MIB)
     num_shards, layers_per_shard = 4, 6
-    text_per_layer = int(total * 0.64) // (num_shards * layers_per_shard)
+    per_layer = int(total * 0.64) // (num_shards * layers_per_shard)
+    q = _rows(int(per_layer * 0.2), HIDDEN * 2)
+    inter = _rows(int(per_layer * 0.2), EXPERTS * HIDDEN * 2)
     seed = 0
     weight_map = {}
     for s in range(num_shards):
@@ -78,31 +98,58 @@ def build_checkpoint(directory: Path, total_gib: float) -> None:
         for j in range(layers_per_shard):
             layer = s * layers_per_shard + j
             prefix = f"model.llm.layers.{layer}."
-            # A few big tensors and a few tiny ones per layer, as in a real decoder layer.
-            for name, share in (("attn.wq_du.weight", 0.2), ("attn.wo_ud.weight", 0.2),
-                                ("mlp.experts.w13_weight", 0.4), ("mlp.experts.w2_weight", 0.2)):
+            for name, shape in (("attn.wq_du.weight", (q, HIDDEN)), ("attn.wo_ud.weight", (HIDDEN, q)),
+                                ("mlp.experts.w13_weight", (EXPERTS, 2 * inter, HIDDEN)),
+                                ("mlp.experts.w2_weight", (EXPERTS, HIDDEN, inter)),
+                                ("attn_norm.weight", (HIDDEN,)), ("mlp_norm.weight", (HIDDEN,)),
+                                ("attn.q_norm.weight", (HIDDEN,))):
                 seed += 1
-                shard[prefix + name] = _tensor(int(text_per_layer * share), seed)
-            for name in ("attn_norm.weight", "mlp_norm.weight", "attn.q_norm.weight"):
-                seed += 1
-                shard[prefix + name] = _tensor(HIDDEN * 2, seed)[0]
+                shard[prefix + name] = _tensor(shape, seed)
             # Tower tensors between the text tensors of the same shard.
             seed += 1
-            shard[f"model.visual.layers.linear_{layer}.weight"] = _tensor(int(total * 0.16) // 24, seed)
+            shard[f"model.visual.layers.linear_{layer}.weight"] = _tensor((int(total * 0.16) // 24 // 2,), seed)
             if j % 2 == 0:
                 seed += 1
-                shard[f"model.audio.encoder.part_{layer}"] = _tensor(int(total * 0.08) // 12, seed)
+                shard[f"model.audio.encoder.part_{layer}"] = _tensor((int(total * 0.08) // 12 // 2,), seed)
         if s == 0:
-            shard["model.llm.embed.weight"] = _tensor(8 * MIB, 99)
-            shard["model.llm.norm.weight"] = _tensor(HIDDEN * 2, 98)[0]
+            shard["model.llm.embed.weight"] = _tensor((2048, HIDDEN), 99)
+            shard["model.llm.norm.weight"] = _tensor((HIDDEN,), 98)
         filename = f"model-{s + 1:05d}-of-{num_shards:05d}.safetensors"
         save_file(shard, directory / filename)
         weight_map.update({name: filename for name in shard})
         del shard
-    mtp = {f"model.mtp.layers.0.part_{k}": _tensor(int(total * 0.12) // 4, 1000 + k) for k in range(4)}
+    mtp = {f"model.mtp.layers.0.part_{k}": _tensor((int(total * 0.12) // 4 // 2,), 1000 + k) for k in range(4)}
     save_file(mtp, directory / "mtp.safetensors")
     (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     stamp.write_text(json.dumps(wanted))
+
+
+def tp_specs(ckpt: TextCheckpoint) -> list[TensorSpec]:
+    """Each text tensor with its split dim from the port's name table (None: replicated)."""
+    rules = [(re.compile("^" + re.escape(r.checkpoint).replace(re.escape("{i}"), r"\d+") + "$"), r.dim)
+             for r in CHECKPOINT_TO_PORT]
+    specs = []
+    for name in ckpt.text:
+        dims = [dim for pattern, dim in rules if pattern.match(name)]
+        if len(dims) != 1:
+            raise RuntimeError(f"{name}: expected one rule of the port's name table to match, found {len(dims)}")
+        specs.append(TensorSpec(name, None, shard_dim=dims[0]))
+    return specs
+
+
+def build_presharded(directory: Path, world_size: int) -> list[Path]:
+    """Per-rank directories, each one file with only that rank's slabs (for the comparison)."""
+    ckpt = TextCheckpoint(directory)
+    specs = tp_specs(ckpt)
+    stamp = directory / f"tp{world_size}" / "built.json"
+    wanted = json.loads((directory / "built.json").read_text())
+    dirs = [directory / f"tp{world_size}" / f"rank-{r}" for r in range(world_size)]
+    if not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
+        for rank, rank_dir in enumerate(dirs):
+            rank_dir.mkdir(parents=True, exist_ok=True)
+            save_file(dict(ckpt.load(specs, rank=rank, world_size=world_size)), rank_dir / "model.safetensors")
+        stamp.write_text(json.dumps(wanted))
+    return dirs
 
 
 def drop_cache(files: list[Path]) -> None:
@@ -113,6 +160,30 @@ def drop_cache(files: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def disk_info(path: Path) -> str:
+    """The mount and block device the checkpoint is on, so figures from different disks are not mixed."""
+    real = str(path.resolve())
+    best = ("?", "?", "?")
+    for line in Path("/proc/mounts").read_text().splitlines():
+        device, mount, fstype = line.split()[:3]
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best[1]):
+            best = (device, mount, fstype)
+    dev = os.stat(real).st_dev
+    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    queue = sysdir / "queue" if (sysdir / "queue").is_dir() else sysdir / ".." / "queue"
+
+    def attr(name: str) -> str:
+        try:
+            value = (queue / name).read_text().strip()
+        except OSError:
+            return "?"
+        chosen = re.search(r"\[(\w[\w-]*)\]", value)       # "none [mq-deadline] kyber": the one in use
+        return chosen.group(1) if chosen else value
+    return (f"{best[0]} ({best[2]} on {best[1]}, block {os.major(dev)}:{os.minor(dev)}, "
+            f"rotational {attr('rotational')}, read_ahead_kb {attr('read_ahead_kb')}, "
+            f"scheduler {attr('scheduler')})")
 
 
 def _text_ranges(ckpt: TextCheckpoint) -> dict[Path, list[tuple[int, int]]]:
@@ -174,8 +245,8 @@ def _consume(tensor: torch.Tensor) -> int:
     return flat.numel()
 
 
-def run_port(ckpt_dir: Path) -> int:
-    return sum(_consume(tensor) for _, tensor in TextCheckpoint(ckpt_dir).load())
+def run_port(ckpt_dir: Path, direct: bool = False) -> int:
+    return sum(_consume(tensor) for _, tensor in TextCheckpoint(ckpt_dir).load(direct=direct))
 
 
 def run_safe_open(files: list[Path]) -> int:
@@ -187,21 +258,92 @@ def run_safe_open(files: list[Path]) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gib", type=float, default=2.5, help="checkpoint size in GiB (default 2.5)")
-    parser.add_argument("--runs", type=int, default=5, help="runs per method (default 5)")
-    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"checkpoint directory (default {DEFAULT_DIR})")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args(argv)
+def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, commands, barrier, results) -> None:
+    """One rank, kept alive across runs: waits for a method, then loads its slabs when all ranks
+    (and the parent's clock) pass the barrier. Reports seconds, storage bytes, bytes asked of the
+    file system (rchar) and the bytes of the tensors it got."""
+    ckpt_dir, own_dir = Path(directory), Path(presharded)
+    specs = tp_specs(TextCheckpoint(ckpt_dir))
+    while (method := commands.get()) is not None:
+        barrier.wait()
+        before, start = _io_counters(), time.perf_counter()
+        if method == "tp_presharded":
+            loaded = TextCheckpoint(own_dir).load()
+        else:
+            loaded = TextCheckpoint(ckpt_dir).load(specs, rank=rank, world_size=world_size,
+                                                   direct=method == "tp_port_direct")
+        produced = sum(_consume(tensor) for _, tensor in loaded)
+        seconds, after = time.perf_counter() - start, _io_counters()
+        results.put((rank, seconds, after["read_bytes"] - before["read_bytes"], after["rchar"] - before["rchar"],
+                     produced))
 
-    build_checkpoint(args.dir, args.gib)
-    files = sorted(args.dir.glob("*.safetensors"))
-    ckpt = TextCheckpoint(args.dir)
+
+def _summary(times: list[float], reads: list[int], text_bytes: int, base_time: float) -> dict:
+    median = statistics.median(times)
+    read = statistics.median(reads)
+    return {"min_seconds": round(min(times), 3), "median_seconds": round(median, 3),
+            "max_seconds": round(max(times), 3), "median_read_bytes": int(read),
+            "read_vs_text": round(read / text_bytes, 4), "text_gb_per_s": round(text_bytes / median / 1e9, 3),
+            "throughput_vs_plain": round(base_time / median, 3)}
+
+
+def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
+    world = args.tp
+    rank_dirs = build_presharded(args.dir, world)
+    files = files + [d / "model.safetensors" for d in rank_dirs]
     text_bytes = ckpt.text_bytes
-    all_bytes = sum(p.stat().st_size for p in files)
+    ctx = multiprocessing.get_context("spawn")
+    commands = [ctx.Queue() for _ in range(world)]
+    barrier, results = ctx.Barrier(world + 1), ctx.Queue()
+    workers = [ctx.Process(target=_rank_worker, args=(r, world, str(args.dir), str(rank_dirs[r]), commands[r],
+                                                      barrier, results)) for r in range(world)]
+    for w in workers:
+        w.start()
+    methods = ["plain", "tp_port", "tp_port_direct", "tp_presharded"]
+    samples: dict[str, list] = {m: [] for m in methods}
+    try:
+        for _ in range(args.runs):
+            for method in methods:                          # alternate so drift hits all alike
+                drop_cache(files)
+                if method == "plain":
+                    before, start = _io_counters(), time.perf_counter()
+                    if run_plain(ckpt) != text_bytes:
+                        raise RuntimeError("plain read the wrong number of bytes")
+                    samples[method].append((time.perf_counter() - start,
+                                            _io_counters()["read_bytes"] - before["read_bytes"], []))
+                    continue
+                for q in commands:
+                    q.put(method)
+                barrier.wait()
+                start = time.perf_counter()
+                ranks = sorted(results.get(timeout=600) for _ in range(world))
+                samples[method].append((time.perf_counter() - start, sum(r[2] for r in ranks), ranks))
+    finally:
+        for q in commands:
+            q.put(None)
+        for w in workers:
+            w.join()
+    slab_bytes = [r[4] for r in samples["tp_presharded"][0][2]]
+    out = {"world_size": world, "text_bytes": text_bytes, "rank_slab_bytes": slab_bytes, "methods": {}}
+    base = statistics.median(s[0] for s in samples["plain"])
+    for method, runs in samples.items():
+        r = _summary([s[0] for s in runs], [s[1] for s in runs], text_bytes, base)
+        if method != "plain":
+            per_rank = list(zip(*[[rank[2] for rank in s[2]] for s in runs]))      # [rank][run]
+            asked = list(zip(*[[rank[3] for rank in s[2]] for s in runs]))
+            r["rank_read_bytes_median"] = [int(statistics.median(x)) for x in per_rank]
+            r["rank_asked_bytes_median"] = [int(statistics.median(x)) for x in asked]
+            r["rank_seconds_median"] = [round(statistics.median(x), 3)
+                                        for x in zip(*[[rank[1] for rank in s[2]] for s in runs])]
+            r["produced_bytes"] = sum(rank[4] for rank in runs[0][2])
+        out["methods"][method] = r
+    return out
 
+
+def run_single(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
+    text_bytes = ckpt.text_bytes
     methods = {"plain": lambda: run_plain(ckpt), "port": lambda: run_port(args.dir),
+               "port_direct": lambda: run_port(args.dir, direct=True),
                "safe_open": lambda: run_safe_open(files), "plain_reuse": lambda: run_plain_reused_buffer(ckpt)}
     samples: dict[str, list[tuple[float, int]]] = {m: [] for m in methods}
     for _ in range(args.runs):
@@ -210,37 +352,63 @@ def main(argv: list[str] | None = None) -> int:
             before, start = _io_counters(), time.perf_counter()
             produced = fn()
             seconds, after = time.perf_counter() - start, _io_counters()
-            expected = all_bytes if name == "safe_open" else text_bytes
-            if name != "safe_open" and produced != expected:
-                raise RuntimeError(f"{name} produced {produced} bytes of tensors, expected {expected}")
+            if name != "safe_open" and produced != text_bytes:     # safe_open returns every tensor
+                raise RuntimeError(f"{name} produced {produced} bytes of tensors, expected {text_bytes}")
             samples[name].append((seconds, after["read_bytes"] - before["read_bytes"]))
+    base = statistics.median(s for s, _ in samples["plain"])
+    return {"methods": {name: _summary([s for s, _ in runs], [b for _, b in runs], text_bytes, base)
+                        for name, runs in samples.items()}}
 
-    results = {"text_bytes": text_bytes, "checkpoint_bytes": all_bytes, "runs": args.runs, "methods": {}}
-    plain_time = statistics.median(s for s, _ in samples["plain"])
-    for name, runs in samples.items():
-        seconds = statistics.median(s for s, _ in runs)
-        read = statistics.median(b for _, b in runs)
-        results["methods"][name] = {
-            "median_seconds": round(seconds, 3),
-            "median_read_bytes": int(read),
-            "read_vs_text": round(read / text_bytes, 4),
-            "text_gb_per_s": round(text_bytes / seconds / 1e9, 3),
-            "throughput_vs_plain": round(plain_time / seconds, 3),
-            "samples": [{"seconds": round(s, 3), "read_bytes": b} for s, b in runs],
-        }
-    if results["methods"]["plain"]["median_read_bytes"] < text_bytes // 2:
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=2.5, help="checkpoint size in GiB (default 2.5)")
+    parser.add_argument("--runs", type=int, default=7, help="runs per method (default 7)")
+    parser.add_argument("--tp", type=int, default=0, help="tensor-parallel size: that many processes load their "
+                                                          "slabs at once (default: one process, whole tensors)")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"checkpoint directory (default {DEFAULT_DIR})")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+
+    build_checkpoint(args.dir, args.gib)
+    files = sorted(args.dir.glob("*.safetensors"))
+    ckpt = TextCheckpoint(args.dir)
+    load_before = os.getloadavg()[0]
+    results = run_tp(args, ckpt, files) if args.tp else run_single(args, ckpt, files)
+    results.update(text_bytes=ckpt.text_bytes, checkpoint_bytes=sum(p.stat().st_size for p in files),
+                   runs=args.runs, disk=disk_info(args.dir), cpus=os.cpu_count(),
+                   load_average=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+    if results["methods"]["plain"]["median_read_bytes"] < ckpt.text_bytes // 2:
         results["note"] = ("read_bytes stayed near 0: the page cache was not dropped on this filesystem, "
                            "so the runs are warm-cache reads")
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"checkpoint {args.dir}: {all_bytes / 1e9:.2f} GB in {len(files)} files, "
-          f"text tensors {text_bytes / 1e9:.2f} GB ({len(ckpt.text)} tensors), "
-          f"skipped {len(ckpt.skipped)} vision/audio/MTP tensors; medians of {args.runs} cold-cache runs")
-    print(f"{'method':<10} {'time s':>8} {'read GB':>9} {'read/text':>10} {'text GB/s':>10} {'vs plain':>9}")
+    print(f"checkpoint {args.dir}: {results['checkpoint_bytes'] / 1e9:.2f} GB in {len(files)} files, "
+          f"text tensors {ckpt.text_bytes / 1e9:.2f} GB ({len(ckpt.text)} tensors), "
+          f"skipped {len(ckpt.skipped)} vision/audio/MTP tensors")
+    print(f"disk: {results['disk']}; {results['cpus']} CPUs, load average {results['load_average'][0]} before, "
+          f"{results['load_average'][1]} after")
+    what = f"{args.tp} ranks at once vs one plain read" if args.tp else "one process"
+    print(f"{what}; cold cache; {args.runs} runs per method, methods interleaved")
+    print(f"{'method':<15} {'min s':>6} {'median':>7} {'max s':>6} {'read GB':>8} {'read/text':>10} "
+          f"{'text GB/s':>10} {'vs plain':>9}")
     for name, r in results["methods"].items():
-        print(f"{name:<10} {r['median_seconds']:>8.2f} {r['median_read_bytes'] / 1e9:>9.3f} {r['read_vs_text']:>9.3f}x "
-              f"{r['text_gb_per_s']:>10.2f} {r['throughput_vs_plain']:>8.2f}x")
+        print(f"{name:<15} {r['min_seconds']:>6.2f} {r['median_seconds']:>7.2f} {r['max_seconds']:>6.2f} "
+              f"{r['median_read_bytes'] / 1e9:>8.3f} {r['read_vs_text']:>9.3f}x {r['text_gb_per_s']:>10.2f} "
+              f"{r['throughput_vs_plain']:>8.2f}x")
+    if args.tp:
+        slabs = results["rank_slab_bytes"]
+        print(f"per rank (GB, medians): own slab {slabs[0] / 1e9:.3f} each ({sum(slabs) / ckpt.text_bytes:.3f}x "
+              f"text in all); asked = bytes read() from the file system, storage = /proc io read_bytes")
+        for name, r in results["methods"].items():
+            if name == "plain":
+                continue
+            asked = r["rank_asked_bytes_median"]
+            print(f"  {name:<15} asked {min(asked) / 1e9:.3f}-{max(asked) / 1e9:.3f} "
+                  f"({sum(asked) / ckpt.text_bytes:.2f}x text in all), storage "
+                  + " ".join(f"{b / 1e9:.3f}" for b in r["rank_read_bytes_median"])
+                  + f"; rank seconds {min(r['rank_seconds_median']):.2f}-{max(r['rank_seconds_median']):.2f}")
     if "note" in results:
         print("note:", results["note"])
     return 0

@@ -14,8 +14,11 @@ to the data section, row-major, no padding.
 """
 from __future__ import annotations
 
+import ctypes
+import itertools
 import json
 import math
+import mmap
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -38,11 +41,16 @@ SAFETENSORS_DTYPES = {
 # Strided shards (sharded on a dim > 0) are read piece by piece when each piece is at least this
 # big; smaller pieces would cost more in syscalls than reading the whole tensor once.
 MIN_STRIDED_PIECE_BYTES = 1 << 20
-# O_DIRECT offsets, lengths and buffers are aligned to this; large ranges are read in chunks of
-# READ_CHUNK_BYTES, READ_THREADS at a time.
-DIRECT_ALIGN = 4096
+# Large ranges are read in chunks of READ_CHUNK_BYTES. Buffered reads ask for the planned ranges
+# PREFETCH_BYTES ahead of the copy; O_DIRECT (offsets, lengths and buffers aligned to DIRECT_ALIGN)
+# keeps READ_THREADS chunks in flight.
 READ_CHUNK_BYTES = 8 << 20
+PREFETCH_BYTES = 128 << 20
+PREFETCH_CALL_BYTES = 2 << 20
+DIRECT_ALIGN = 4096
 READ_THREADS = 8
+HUGE_PAGE = 2 << 20
+HUGE_PAGES = True
 # Upper bound on a sane header (safetensors itself refuses more than 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 
@@ -190,13 +198,14 @@ class TextCheckpoint:
         return entry
 
     def load(self, specs: Iterable[TensorSpec] | None = None, rank: int = 0, world_size: int = 1,
-             allow_unexpected: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+             allow_unexpected: bool = False, direct: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (checkpoint name, tensor) for the rank, in file order.
 
         specs None loads every text tensor whole (no sharding checks). With specs, every spec
         must be present with its shape, and (unless allow_unexpected) every text tensor of the
         checkpoint must be asked for, so a config that does not match the checkpoint is refused
-        rather than half-loaded."""
+        rather than half-loaded. direct=True reads with O_DIRECT where the file system has it
+        (see _FileReader; buffered is faster on the disks measured)."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if specs is None:
@@ -212,19 +221,16 @@ class TextCheckpoint:
                                           f"e.g. {extra[:5]}: the config does not match the checkpoint")
         plan.sort(key=lambda item: (str(item[0].file), item[0].begin))
         reads = [_plan_read(entry, spec, rank, world_size) for entry, spec in plan]
-        reader = None
-        pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="inkling-load")
+        pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="inkling-load") if direct else None
         try:
-            for read in reads:
-                if reader is None or reader.path != read.entry.file:
-                    if reader is not None:
-                        reader.close()
-                    reader = _FileReader(read.entry.file, pool)
-                yield read.entry.name, reader.read(read)
+            for path, group in itertools.groupby(reads, key=lambda read: read.entry.file):
+                file_reads = list(group)
+                with _FileReader(path, file_reads, pool) as reader:
+                    for read in file_reads:
+                        yield read.entry.name, reader.read(read)
         finally:
-            if reader is not None:
-                reader.close()
-            pool.shutdown()
+            if pool is not None:
+                pool.shutdown()
 
 
 @dataclass(frozen=True)
@@ -256,63 +262,89 @@ def _plan_read(entry: TensorEntry, spec: TensorSpec | None, rank: int, world_siz
     return _Read(entry, ((entry.begin, entry.nbytes),), shape, narrow=(dim, rank * part, part))
 
 
+def _fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+    """A hint only: file systems (and platforms) that refuse it are read all the same."""
+    try:
+        os.posix_fadvise(fd, offset, length, advice)
+    except (AttributeError, OSError):
+        pass
+
+
 class _FileReader:
-    """Reads the planned byte ranges of one file, and (within 4 KiB alignment) only those.
+    """Reads the planned byte ranges of one file, and (within a 4 KiB page) only those.
 
-    O_DIRECT: each range goes from storage straight into the tensor's memory in large requests,
-    with no page-cache readahead (which would run past each text range into the skipped tower
-    tensors, up to read_ahead_kb each time). Filesystems without O_DIRECT (e.g. tmpfs, where the
-    page cache is the storage) get plain buffered reads."""
+    Buffered (the default): readahead is switched off for the file (POSIX_FADV_RANDOM), so it
+    cannot run past a text range into the skipped tower tensors, and the planned ranges are asked
+    for ahead of the copy (POSIX_FADV_WILLNEED, PREFETCH_BYTES ahead), which keeps many requests in
+    flight without threads. Ranks of a tensor-parallel group that need the same pages share them
+    in the page cache, so storage sees them once.
 
-    def __init__(self, path: Path, pool: ThreadPoolExecutor):
+    direct=True: O_DIRECT, READ_THREADS requests of READ_CHUNK_BYTES in flight, straight into the
+    tensors; file systems without O_DIRECT (e.g. tmpfs) fall back to buffered reads."""
+
+    def __init__(self, path: Path, reads: list[_Read], pool: ThreadPoolExecutor | None):
         self.path = path
         self.pool = pool
-        try:
-            self.fd, self.direct = os.open(path, os.O_RDONLY | os.O_DIRECT), True
-        except OSError:
-            self.fd, self.direct = os.open(path, os.O_RDONLY), False
+        self.direct = False
+        if pool is not None:
+            try:
+                self.fd, self.direct = os.open(path, os.O_RDONLY | os.O_DIRECT), True
+            except OSError:
+                pass
+        if not self.direct:
+            self.fd = os.open(path, os.O_RDONLY)
+            _fadvise(self.fd, 0, 0, getattr(os, "POSIX_FADV_RANDOM", 0))
+            self.prefetch = _Prefetch(self.fd, [r for read in reads for r in read.ranges])
+            self.consumed = 0
 
-    def close(self) -> None:
+    def __enter__(self) -> "_FileReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
         os.close(self.fd)
+
+    def _read_into(self, out: memoryview, offset: int) -> int:
+        """preadv until `out` is full or EOF; returns the bytes read."""
+        done = 0
+        while done < len(out):
+            n = os.preadv(self.fd, [out[done:]], offset + done)
+            if n == 0:
+                break
+            done += n
+        return done
 
     def _fill(self, entry: TensorEntry, out: memoryview, offset: int, needed: int) -> None:
         """Read into `out` from `offset` until at least `needed` bytes are in (EOF may cut the
-        alignment padding, never the tensor). Large ranges are read as READ_CHUNK_BYTES pieces by
-        READ_THREADS threads at once: O_DIRECT has no readahead, so this keeps several requests in
-        flight (preadv releases the GIL)."""
+        O_DIRECT alignment padding, never the tensor)."""
         pieces = [(start, min(READ_CHUNK_BYTES, len(out) - start)) for start in range(0, len(out), READ_CHUNK_BYTES)]
-
-        def read_piece(piece: tuple[int, int]) -> int:
-            start, length = piece
-            done = 0
-            while done < length:
-                n = os.preadv(self.fd, [out[start + done:start + length]], offset + start + done)
-                if n == 0:
-                    break
-                done += n
-            return start + done if done < length else -1      # -1: complete
-
-        if len(pieces) > 1:
-            ends = list(self.pool.map(read_piece, pieces))
+        if self.direct:
+            # No readahead under O_DIRECT: READ_THREADS requests in flight (preadv releases the GIL).
+            def read_piece(piece: tuple[int, int]) -> int:
+                start, length = piece
+                return start + self._read_into(out[start:start + length], offset + start)
+            ends = list(self.pool.map(read_piece, pieces)) if len(pieces) > 1 else [read_piece(pieces[0])]
         else:
-            ends = [read_piece(p) for p in pieces]
-        short = [end for end in ends if end >= 0]
-        got = min(short) if short else len(out)
+            ends = []
+            for start, length in pieces:
+                self.consumed += length
+                self.prefetch.ahead_of(self.consumed)
+                ends.append(start + self._read_into(out[start:start + length], offset + start))
+                if ends[-1] < start + length:
+                    break
+        got = min([end for end, (start, length) in zip(ends, pieces) if end < start + length] or [len(out)])
         if got < needed:
             raise CheckpointError(f"{entry.file}: truncated while reading {entry.name}: got {got} of "
                                   f"{needed} bytes at offset {offset}")
 
     def _read_range(self, entry: TensorEntry, offset: int, length: int) -> torch.Tensor:
         if not self.direct:
-            buf = torch.empty(length, dtype=torch.uint8)
+            buf = _empty(length)
             self._fill(entry, memoryview(buf.numpy()), offset, length)
             return buf
+        # O_DIRECT: offset, length and buffer address aligned to DIRECT_ALIGN.
         start = offset - offset % DIRECT_ALIGN
         span = -(-(offset + length - start) // DIRECT_ALIGN) * DIRECT_ALIGN
-        # O_DIRECT needs an aligned buffer address too: over-allocate and start at the boundary.
-        raw = torch.empty(span + DIRECT_ALIGN, dtype=torch.uint8)
-        shift = -raw.data_ptr() % DIRECT_ALIGN
-        aligned = raw[shift:shift + span]
+        aligned = _empty(span)
         self._fill(entry, memoryview(aligned.numpy()), start, offset + length - start)
         return aligned[offset - start:offset - start + length]
 
@@ -326,6 +358,57 @@ class _FileReader:
         if read.narrow is not None:
             tensor = tensor.narrow(*read.narrow).contiguous()
         return tensor
+
+
+def _empty(nbytes: int) -> torch.Tensor:
+    """Fresh uint8 memory for a read, 4 KiB aligned, and when large in 2 MiB pages
+    (MADV_HUGEPAGE): faulting it in costs 512x fewer page faults, and an O_DIRECT request to
+    it needs fewer segments."""
+    if not HUGE_PAGES or nbytes < 2 * HUGE_PAGE:
+        raw = torch.empty(nbytes + DIRECT_ALIGN, dtype=torch.uint8)
+        shift = -raw.data_ptr() % DIRECT_ALIGN
+        return raw[shift:shift + nbytes]
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    shift = -raw.data_ptr() % HUGE_PAGE
+    _madvise_hugepage(raw.data_ptr() + shift, nbytes - nbytes % HUGE_PAGE)
+    return raw[shift:shift + nbytes]
+
+
+def _madvise_hugepage(address: int, length: int) -> None:
+    """A hint only (the memory is not touched yet): kernels without THP just use 4 KiB pages."""
+    global _LIBC
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pass
+
+
+_LIBC = None
+
+
+class _Prefetch:
+    """Asks the kernel to start reading the planned ranges of one file (in file order) up to
+    PREFETCH_BYTES ahead of the copy. POSIX_FADV_WILLNEED only queues the reads; the kernel caps
+    one call at the readahead size, hence calls of PREFETCH_CALL_BYTES."""
+
+    def __init__(self, fd: int, ranges: list[tuple[int, int]]):
+        self.fd = fd
+        self.calls = iter([(begin, min(PREFETCH_CALL_BYTES, offset + length - begin))
+                           for offset, length in ranges
+                           for begin in range(offset, offset + length, PREFETCH_CALL_BYTES)])
+        self.issued = 0            # planned bytes asked for so far
+
+    def ahead_of(self, consumed: int) -> None:
+        """`consumed`: planned bytes the copy has reached (in the same file order)."""
+        while self.issued < consumed + PREFETCH_BYTES:
+            call = next(self.calls, None)
+            if call is None:
+                self.issued = math.inf
+                return
+            _fadvise(self.fd, call[0], call[1], os.POSIX_FADV_WILLNEED)
+            self.issued += call[1]
 
 
 def load_text_tensors(checkpoint_dir: str | os.PathLike, specs: Iterable[TensorSpec] | None = None,
