@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
 from typing import Iterable
 
 import torch
@@ -31,36 +30,6 @@ from inkling_hpu.model import weights as weight_table
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
 
 logger = logging.getLogger("inkling_hpu")
-
-
-class ConvSlots:
-    """Which conv-state slot each live request owns.
-
-    vllm-gaudi passes no request ids to the model, so a request is recognised by the first block
-    of its block table, which no two live requests share without prefix caching. A request that
-    starts (position 0) takes a slot; the least recently used one is recycled when all are taken
-    (capacity is twice --max-num-seqs, so only long-finished requests lose theirs). A request that
-    arrives mid-sequence with no slot (a prefix-cache hit) cannot be served exactly and is refused.
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.owner: OrderedDict[int, int] = OrderedDict()     # first block id -> slot
-
-    def slot(self, first_block: int, num_computed: int) -> int:
-        if num_computed == 0:
-            slot = self.owner.pop(first_block, None)
-            if slot is None:
-                slot = len(self.owner) if len(self.owner) < self.capacity else self.owner.popitem(last=False)[1]
-            self.owner[first_block] = slot
-            return slot
-        if first_block not in self.owner:
-            raise RuntimeError(
-                f"Inkling: a request resumes at position {num_computed} (first KV block {first_block}) with no "
-                "conv state in this worker: prefix-cache hits and resumed requests need the conv state of "
-                "their prefix, which this port keeps per request only.")
-        self.owner.move_to_end(first_block)
-        return self.owner[first_block]
 
 
 def _rank_and_collectives() -> TensorParallel:
@@ -123,7 +92,7 @@ class HpuInklingForCausalLM(nn.Module):
                 num_heads=attn.num_heads, head_size=attn.head_dim, scale=1.0 / attn.head_dim,
                 num_kv_heads=attn.num_key_value_heads, cache_config=vllm_config.cache_config,
                 prefix=f"{prefix}model.layers.{i}.self_attn.attn"))
-        self.conv_slots = ConvSlots(2 * vllm_config.scheduler_config.max_num_seqs)
+        # Conv state per KV block (docs/caches.md), allocated next to the bound KV cache.
         self._conv_state: list[dict[str, torch.Tensor]] | None = None
         self._logged_kv_line = False
 
@@ -153,17 +122,16 @@ class HpuInklingForCausalLM(nn.Module):
     def _caches(self) -> tuple[InklingCaches, int]:
         """The model's view of vLLM's KV cache (bound by the runner) and the pad block id."""
         layers, pad_block = [], None
-        if self._conv_state is None:
-            empty = self.inkling.allocate_caches(1, self.block_size, self.conv_slots.capacity + 1)
-            self._conv_state = [layer.conv for layer in empty.layers]
-        for holder, conv in zip(self.kv_holders, self._conv_state):
+        for i, holder in enumerate(self.kv_holders):
             cache = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
             # vllm-gaudi binds (key, value, key_scales, value_scales), each cache
             # [(num_blocks + 1) * block, kv_heads, dim]: the extra last block is its pad block.
             key, value = cache[0], cache[1]
             num_blocks = key.shape[0] // self.block_size
+            if self._conv_state is None or self._conv_state[0]["k"].shape[0] != num_blocks:
+                self._conv_state = self.inkling.allocate_conv_state(num_blocks, device=key.device)
             shape = (num_blocks, self.block_size) + tuple(key.shape[1:])
-            layers.append(LayerCache(key=key.view(shape), value=value.view(shape), conv=conv))
+            layers.append(LayerCache(key=key.view(shape), value=value.view(shape), conv=self._conv_state[i]))
             pad_block = num_blocks - 1                     # vllm-gaudi's _PAD_BLOCK_ID: the last block
         if not self._logged_kv_line:
             # The memory guard on the pool vLLM really allocated (vllm-gaudi adds one pad block).
@@ -200,19 +168,17 @@ class HpuInklingForCausalLM(nn.Module):
                 for b in (slots[row, :q] // block).tolist():
                     if b not in table[-1:]:
                         table.append(int(b))
-                chunks.append((row, RequestChunk(ids[row, :q].tolist(), ctx, table,
-                                                 self.conv_slots.slot(table[0], ctx))))
+                chunks.append((row, RequestChunk(ids[row, :q].tolist(), ctx, table)))
             return chunks
         groups = meta.block_groups.cpu().tolist()
         blocks = meta.block_list.cpu().tolist()
         tables: dict[int, list[int]] = {}
         for b, g in zip(blocks, groups):
-            if g >= 0:
+            # HpuModelAdapter turns the padding groups (-1) into the batch size.
+            if 0 <= g < ids.shape[0]:
                 tables.setdefault(g, []).append(int(b))
         for row, table in sorted(tables.items()):
-            position = int(pos[row, 0])
-            chunks.append((row, RequestChunk([int(ids[row, 0])], position, table,
-                                             self.conv_slots.slot(table[0], position))))
+            chunks.append((row, RequestChunk([int(ids[row, 0])], int(pos[row, 0]), table)))
         return chunks
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
@@ -223,8 +189,8 @@ class HpuInklingForCausalLM(nn.Module):
         caches, pad_block = self._caches()
         rows = self._chunks(input_ids, positions, meta)
         step = build_step_metadata([c for _, c in rows], block_size=self.block_size,
-                                   conv_kernel_size=self.config.conv_kernel_size, pad_block_id=pad_block,
-                                   pad_conv_slot=self.conv_slots.capacity).to(input_ids.device)
+                                   conv_kernel_size=self.config.conv_kernel_size,
+                                   pad_block_id=pad_block).to(input_ids.device)
         hidden = self.inkling(step, caches)                # [real tokens, hidden]
         # Back to the runner's [batch, seq] layout; padding rows stay zero.
         out = hidden.new_zeros(input_ids.numel(), hidden.shape[-1])

@@ -198,7 +198,6 @@ class PortSetup:
     block_size: int
     num_blocks: int
     pad_block: int
-    pad_conv_slot: int
 
 
 def build_port(raw_config: dict[str, Any], checkpoint: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -221,8 +220,7 @@ class PortSession:
         blocks_per_request = -(-max_tokens // block_size)
         self.num_blocks = num_requests * blocks_per_request + 2
         self.pad_block = self.num_blocks - 1
-        self.pad_conv_slot = 0
-        self.caches = model.allocate_caches(self.num_blocks, block_size, num_conv_slots=num_requests + 1)
+        self.caches = model.allocate_caches(self.num_blocks, block_size)
         free = list(range(self.num_blocks - 1))
         random.Random(seed).shuffle(free)            # scattered block ids: paging must not assume order
         self.tables = [free[r * blocks_per_request:(r + 1) * blocks_per_request] for r in range(num_requests)]
@@ -230,7 +228,7 @@ class PortSession:
 
     def step(self, work: list[tuple[int, list[int], int]], padded: bool = False) -> list[torch.Tensor]:
         """work: (request, new tokens, num_computed). Returns each request's logits for its new tokens."""
-        chunks = [RequestChunk(tokens, done, self.tables[r], conv_slot=r + 1) for r, tokens, done in work]
+        chunks = [RequestChunk(tokens, done, self.tables[r]) for r, tokens, done in work]
         pads = {}
         if padded:
             n_prefill = sum(len(c.token_ids) > 1 for c in chunks)
@@ -239,11 +237,13 @@ class PortSession:
             pads = dict(pad_tokens_to=sum(len(c.token_ids) for c in chunks) + 3,
                         pad_prefill_rows_to=longest + 2, pad_prefill_requests_to=n_prefill + 1,
                         pad_decode_requests_to=n_decode + 1, pad_requests_to=len(chunks) + 1,
-                        pad_blocks_to=len(self.tables[0]) + 1)
+                        pad_blocks_to=len(self.tables[0]) + 1,
+                        pad_conv_writes_to=sum(-(-(d + len(t)) // self.block_size) - d // self.block_size
+                                               for _, t, d in work) + 2)
         self.history.append((sum(len(c.token_ids) > 1 for c in chunks), sum(len(c.token_ids) == 1 for c in chunks)))
         meta = build_step_metadata(chunks, block_size=self.block_size,
                                    conv_kernel_size=self.model.config.conv_kernel_size,
-                                   pad_block_id=self.pad_block, pad_conv_slot=self.pad_conv_slot, **pads)
+                                   pad_block_id=self.pad_block, **pads)
         with torch.no_grad():
             logits = self.model.compute_logits(self.model(meta, self.caches)).float()
         out, start = [], 0

@@ -7,8 +7,12 @@ static shapes for a given padding and no data-dependent Python control flow.
 Caches (see docs/caches.md):
 - paged KV, one group for every layer: key/value[layer] is [num_blocks, block_size, kv_heads, head_dim],
   addressed through each request's block table; slot = block_id * block_size + position % block_size;
-- short-conv state per request: conv[layer][stream] is [num_conv_slots, W-1, channels] holding the conv
-  *inputs* of the request's last W-1 tokens (oldest first). A request owns one conv slot for its life.
+- short-conv state per KV block: conv[layer][stream] is [num_blocks, W-1, channels]. Row b holds the conv
+  *inputs* of the W-1 positions ending at the last token written into block b (oldest first): for a
+  full block, the snapshot at its 128-token boundary, which lives and is shared with the block's KV
+  (prefix caching); for a request's last, partial block, its running state. A step reads each
+  request's state from the block holding its last computed token and writes every block its chunk
+  touches.
 """
 from __future__ import annotations
 
@@ -31,7 +35,6 @@ class RequestChunk:
     token_ids: Sequence[int]   # tokens computed this step (a prefill chunk, or one decode token)
     num_computed: int          # tokens of this request already in the caches (= position of token_ids[0])
     block_ids: Sequence[int]   # the request's block table (must cover num_computed + len(token_ids))
-    conv_slot: int             # the request's conv-state slot
 
 
 @dataclass
@@ -62,9 +65,10 @@ class StepMetadata:
     input_ids: torch.Tensor          # [T] long
     positions: torch.Tensor          # [T] long (padding tokens: -1)
     slot_mapping: torch.Tensor       # [T] long: KV slot of each token (padding: the pad block)
-    conv_slots: torch.Tensor         # [R] long: conv-state slot per request (padding: the pad slot)
+    conv_read_blocks: torch.Tensor   # [R] long: block holding each request's state (pad block: none)
     conv_tap_index: torch.Tensor     # [T, W-1] long into [x (T rows) | old state (R*(W-1) rows) | zero row]
-    conv_state_source: torch.Tensor  # [R, W-1] long into the same buffer: each request's new state
+    conv_write_blocks: torch.Tensor  # [Wr] long: blocks whose conv state this step writes (padding: pad block)
+    conv_write_source: torch.Tensor  # [Wr, W-1] long into the same buffer: each written block's new state
     groups: list[AttentionGroup]
     output_index: torch.Tensor       # [T] long into the concatenated, flattened group outputs
     last_token_index: torch.Tensor   # [R] long: flat index of each request's last new token (padding: 0)
@@ -100,19 +104,19 @@ def build_step_metadata(
     block_size: int,
     conv_kernel_size: int,
     pad_block_id: int,
-    pad_conv_slot: int,
     pad_tokens_to: int | None = None,
     pad_prefill_rows_to: int | None = None,
     pad_prefill_requests_to: int | None = None,
     pad_decode_requests_to: int | None = None,
     pad_blocks_to: int | None = None,
     pad_requests_to: int | None = None,
+    pad_conv_writes_to: int | None = None,
 ) -> StepMetadata:
     """Flatten `chunks` (in the given order) into one step.
 
-    pad_* give static shapes (the bucket): extra tokens, prefill rows, requests and block-table
-    columns are filled with padding that writes only to `pad_block_id` / `pad_conv_slot` (reserve
-    both: they hold garbage) and never reaches a real request's output.
+    pad_* give static shapes (the bucket): extra tokens, prefill rows, requests, block-table
+    columns and conv-state writes are filled with padding that writes only to `pad_block_id`
+    (reserve it: it holds garbage) and never reaches a real request's output.
     """
     if block_size <= 0:
         raise MetadataError(f"block_size must be > 0; found {block_size}")
@@ -126,7 +130,6 @@ def build_step_metadata(
     slots: list[int] = []
     owner: list[int] = []                 # request index of each token
     starts: list[int] = []                # flat index of each request's first token
-    seen_slots: set[int] = set()
     for r, chunk in enumerate(chunks):
         n = len(chunk.token_ids)
         if n == 0:
@@ -140,10 +143,6 @@ def build_step_metadata(
                 f"needs {end} (num_computed {chunk.num_computed} + {n} new)")
         if pad_block_id in chunk.block_ids[: _ceil_div(end, block_size)]:
             raise MetadataError(f"request {r}: uses the pad block {pad_block_id}; it is reserved for padding")
-        if chunk.conv_slot == pad_conv_slot or chunk.conv_slot in seen_slots:
-            raise MetadataError(
-                f"request {r}: conv slot {chunk.conv_slot} is the pad slot or shared with another request")
-        seen_slots.add(chunk.conv_slot)
         starts.append(len(input_ids))
         for i, token in enumerate(chunk.token_ids):
             pos = chunk.num_computed + i
@@ -206,13 +205,35 @@ def build_step_metadata(
         groups.append(AttentionGroup(is_decode, token_index, group_pos, table))
         offset += count * rows
 
-    # --- conv taps and state --------------------------------------------------------------------
+    # --- conv taps and state ---------------------------------------------------------------------
     num_requests = len(chunks) if pad_requests_to is None else pad_requests_to
     if num_requests < len(chunks):
         raise MetadataError(f"pad_requests_to={pad_requests_to} is smaller than the {len(chunks)} requests")
     zero_row = num_tokens + num_requests * taps
-    tap_index = torch.full((num_tokens, taps), zero_row, dtype=torch.long)
-    state_source = torch.full((num_requests, taps), zero_row, dtype=torch.long)
+
+    # Every block a chunk touches gets the W-1 conv inputs ending at its last written position. A block
+    # is written by one request only: vLLM shares only full blocks, and nobody computes into those.
+    writer: dict[int, tuple[int, int]] = {}         # block id -> (request, end position in the block)
+    for r, chunk in enumerate(chunks):
+        end = chunk.num_computed + len(chunk.token_ids)
+        for column in range(chunk.num_computed // block_size, _ceil_div(end, block_size)):
+            block = int(chunk.block_ids[column])
+            if block in writer:
+                raise MetadataError(f"request {r}: computes into block {block}, which request {writer[block][0]} "
+                                    "of the same step also computes into; a block's conv state has one writer")
+            writer[block] = (r, min(end, (column + 1) * block_size))
+    read_blocks = []
+    for chunk in chunks:
+        c = chunk.num_computed
+        read_blocks.append(int(chunk.block_ids[(c - 1) // block_size]) if c > 0 else pad_block_id)
+    written: dict[int, list[int]] = {}
+
+    def write_rows(block: int) -> list[int]:
+        """The W-1 source rows that become `block`'s conv state."""
+        if block not in written:
+            r, block_end = writer[block]
+            written[block] = [source_of(r, block_end - taps + k) for k in range(taps)]
+        return written[block]
 
     def source_of(r: int, pos: int) -> int:
         """Where the conv input of request r at absolute position `pos` is found this step."""
@@ -224,28 +245,42 @@ def build_step_metadata(
         back = chunk.num_computed - pos                      # 1..taps tokens before the chunk
         if back > taps:
             raise AssertionError("tap older than the conv state")
+        block = read_blocks[r]
+        if block in writer and writer[block][0] != r:
+            # Another request of this step fills this block (a prefix-cache hit on a block computed in
+            # the same step): take its inputs straight from this step's rows, not the stale state.
+            return write_rows(block)[taps - back]
         return num_tokens + r * taps + (taps - back)         # state rows are oldest first
 
+    write_blocks = list(writer)
+    write_rows_list = [write_rows(block) for block in write_blocks]
+    tap_index = torch.full((num_tokens, taps), zero_row, dtype=torch.long)
     for t in range(num_real):
         r, pos = owner[t], positions[t]
         for k in range(taps):                                # tap k reads position pos - taps + k
             tap_index[t, k] = source_of(r, pos - taps + k)
-    for r, chunk in enumerate(chunks):              # padding requests keep zero rows
-        end = chunk.num_computed + len(chunk.token_ids)
-        for k in range(taps):
-            state_source[r, k] = source_of(r, end - taps + k)
+
+    num_writes = len(write_blocks) if pad_conv_writes_to is None else pad_conv_writes_to
+    if num_writes < len(write_blocks):
+        raise MetadataError(f"pad_conv_writes_to={pad_conv_writes_to} is smaller than the {len(write_blocks)} "
+                            "blocks this step writes")
+    write_source = torch.full((num_writes, taps), zero_row, dtype=torch.long)
+    for w, rows_of_block in enumerate(write_rows_list):
+        write_source[w] = torch.tensor(rows_of_block, dtype=torch.long)
+    write_blocks += [pad_block_id] * (num_writes - len(write_blocks))
 
     last = [starts[r] + len(c.token_ids) - 1 for r, c in enumerate(chunks)]
     last_token_index = torch.tensor(last + [0] * (num_requests - len(chunks)), dtype=torch.long)
-    conv_slots = [c.conv_slot for c in chunks] + [pad_conv_slot] * (num_requests - len(chunks))
+    read_blocks += [pad_block_id] * (num_requests - len(chunks))
     return StepMetadata(
         block_size=block_size,
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),
         slot_mapping=torch.tensor(slots, dtype=torch.long),
-        conv_slots=torch.tensor(conv_slots, dtype=torch.long),
+        conv_read_blocks=torch.tensor(read_blocks, dtype=torch.long),
         conv_tap_index=tap_index,
-        conv_state_source=state_source,
+        conv_write_blocks=torch.tensor(write_blocks, dtype=torch.long),
+        conv_write_source=write_source,
         groups=groups,
         output_index=torch.tensor(output_index, dtype=torch.long),
         last_token_index=last_token_index,

@@ -49,7 +49,7 @@ class TensorParallel:
 class LayerCache:
     key: torch.Tensor                    # [num_blocks, block_size, kv_heads, head_dim]
     value: torch.Tensor                  # [num_blocks, block_size, kv_heads, head_dim]
-    conv: dict[str, torch.Tensor] = field(default_factory=dict)   # stream -> [slots, W-1, channels]
+    conv: dict[str, torch.Tensor] = field(default_factory=dict)   # stream -> [num_blocks, W-1, channels]
 
 
 @dataclass
@@ -89,11 +89,13 @@ class InklingNormedEmbedding(nn.Module):
 
 
 class InklingShortConvolution(nn.Module):
-    """y[p] = x[p] + sum_k w[c, k] * x[p - (W-1) + k], causal per request, fp32, with per-request state.
+    """y[p] = x[p] + sum_k w[c, k] * x[p - (W-1) + k], causal per request, fp32, with per-block state.
 
     The W-1 taps before each token come from this step's tokens of the same request or from the
-    request's conv-state slot; the metadata says which (conv_tap_index). After the step, each
-    request's slot holds its last W-1 inputs (conv_state_source).
+    conv state of the block holding the request's last computed token; the metadata says which
+    (conv_tap_index). After the step, every block the step computed into holds the W-1 inputs ending
+    at its last written token (conv_write_blocks / conv_write_source): the snapshot of a full block,
+    the running state of a request's partial last block.
     """
 
     def __init__(self, channels: int, kernel_size: int) -> None:
@@ -105,11 +107,11 @@ class InklingShortConvolution(nn.Module):
     def forward(self, hidden_states: torch.Tensor, state: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         num_tokens, channels = hidden_states.shape
         taps = self.kernel_size - 1
-        previous = state.index_select(0, meta.conv_slots).reshape(-1, channels)
+        previous = state.index_select(0, meta.conv_read_blocks).reshape(-1, channels)
         source = torch.cat([hidden_states.to(state.dtype), previous, state.new_zeros(1, channels)])
         window = source.index_select(0, meta.conv_tap_index.reshape(-1)).view(num_tokens, taps, channels)
-        new_state = source.index_select(0, meta.conv_state_source.reshape(-1)).view(-1, taps, channels)
-        state.index_copy_(0, meta.conv_slots, new_state)
+        new_state = source.index_select(0, meta.conv_write_source.reshape(-1)).view(-1, taps, channels)
+        state.index_copy_(0, meta.conv_write_blocks, new_state)
 
         inputs = hidden_states.float()
         window = torch.cat([window.float(), inputs[:, None, :]], dim=1)             # [T, W, C]
@@ -457,22 +459,28 @@ class InklingForCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def allocate_caches(self, num_blocks: int, block_size: int, num_conv_slots: int,
-                        device: torch.device | str | None = None) -> InklingCaches:
-        """Zeroed caches: paged KV (one block table for every layer) and per-request conv state."""
+    def conv_channels(self, layer_idx: int) -> dict[str, int]:
+        """Channels of each conv stream of a layer on this rank (K and V: this rank's kv heads)."""
+        attn = self.model.layers[layer_idx].self_attn
+        kv_channels = attn.num_key_value_heads * attn.head_dim
+        return {"k": kv_channels, "v": kv_channels, "attn": self.config.hidden_size, "mlp": self.config.hidden_size}
+
+    def allocate_conv_state(self, num_blocks: int, device: torch.device | str | None = None
+                            ) -> list[dict[str, torch.Tensor]]:
+        """Zeroed conv state per layer and stream, one [W-1, channels] row per KV block."""
         device = device or self.lm_head.weight.device
         taps = self.config.conv_kernel_size - 1
+        return [{s: torch.zeros(num_blocks, taps, c, dtype=self.dtype, device=device)
+                 for s, c in self.conv_channels(i).items()} for i in range(len(self.model.layers))]
+
+    def allocate_caches(self, num_blocks: int, block_size: int,
+                        device: torch.device | str | None = None) -> InklingCaches:
+        """Zeroed caches: paged KV (one block table for every layer) and conv state per KV block."""
+        device = device or self.lm_head.weight.device
         layers = []
-        for layer in self.model.layers:
+        for layer, conv in zip(self.model.layers, self.allocate_conv_state(num_blocks, device)):
             attn = layer.self_attn
             kv_shape = (num_blocks, block_size, attn.num_key_value_heads, attn.head_dim)
-            kv_channels = attn.num_key_value_heads * attn.head_dim
-            channels = {"k": kv_channels, "v": kv_channels, "attn": self.config.hidden_size,
-                        "mlp": self.config.hidden_size}
-            layers.append(LayerCache(
-                key=torch.zeros(kv_shape, dtype=self.dtype, device=device),
-                value=torch.zeros(kv_shape, dtype=self.dtype, device=device),
-                conv={s: torch.zeros(num_conv_slots, taps, channels[s], dtype=self.dtype, device=device)
-                      for s in CONV_STREAMS},
-            ))
+            layers.append(LayerCache(key=torch.zeros(kv_shape, dtype=self.dtype, device=device),
+                                     value=torch.zeros(kv_shape, dtype=self.dtype, device=device), conv=conv))
         return InklingCaches(block_size=block_size, layers=layers)

@@ -16,14 +16,15 @@ def test_mixed_step_traces_as_one_graph(knobs):
     so a full trace of a padded mixed prefill + decode step shows the hot path is capturable."""
     model = helpers.port_model("tiny-gqa2-mix.json", knobs)
     meta = build_step_metadata(
-        [RequestChunk([1, 2, 3, 4, 5], 3, [1, 2, 3], 1), RequestChunk([7], 9, [4, 5, 6], 2)],
-        block_size=4, conv_kernel_size=4, pad_block_id=23, pad_conv_slot=0,
-        pad_tokens_to=8, pad_prefill_rows_to=6, pad_decode_requests_to=2, pad_requests_to=3, pad_blocks_to=4)
+        [RequestChunk([1, 2, 3, 4, 5], 3, [1, 2, 3]), RequestChunk([7], 9, [4, 5, 6])],
+        block_size=4, conv_kernel_size=4, pad_block_id=23,
+        pad_tokens_to=8, pad_prefill_rows_to=6, pad_decode_requests_to=2, pad_requests_to=3, pad_blocks_to=4,
+        pad_conv_writes_to=5)
 
     def step(meta, caches):
         return model.compute_logits(model(meta, caches))
 
     with torch.no_grad():
-        eager = step(meta, model.allocate_caches(24, 4, num_conv_slots=4))
-        traced = torch.compile(step, fullgraph=True, backend="eager")(meta, model.allocate_caches(24, 4, 4))
+        eager = step(meta, model.allocate_caches(24, 4))
+        traced = torch.compile(step, fullgraph=True, backend="eager")(meta, model.allocate_caches(24, 4))
     torch.testing.assert_close(traced, eager, atol=0, rtol=0)

@@ -168,7 +168,7 @@ def scenario_glue_chunks(port_dir: str) -> list:
     from gaudi_harness import drivers as d
     from vllm_gaudi.v1.worker.hpu_model_runner import trim_attn_metadata
 
-    from inkling_hpu.hpu_glue import ConvSlots, HpuInklingForCausalLM
+    from inkling_hpu.hpu_glue import HpuInklingForCausalLM
 
     model_dir = Path(tempfile.mkdtemp(prefix="inkling_glue_"))
     (model_dir / "config.json").write_text(json.dumps(GLUE_CONFIG))
@@ -179,14 +179,14 @@ def scenario_glue_chunks(port_dir: str) -> list:
     # What initialize_kv_cache sets (the harness allocates no KV cache): without it the prompt
     # fallback buckets drop the context blocks (bucketing/common.py generate_fallback_bucket).
     runner.bucketing_manager.num_hpu_blocks = 64
-    glue = SimpleNamespace(block_size=runner.block_size, conv_slots=ConvSlots(8))
+    glue = SimpleNamespace(block_size=runner.block_size)
     calls = []
     execute = runner._execute_model_generic
 
     def recording(token_ids, position_ids, attn_metadata, *args, **kwargs):
         chunks = HpuInklingForCausalLM._chunks(glue, token_ids, position_ids, trim_attn_metadata(attn_metadata))
         calls.append([{"row": row, "tokens": list(c.token_ids), "num_computed": c.num_computed,
-                       "blocks": list(c.block_ids), "conv_slot": c.conv_slot} for row, c in chunks])
+                       "blocks": list(c.block_ids)} for row, c in chunks])
         return execute(token_ids, position_ids, attn_metadata, *args, **kwargs)
 
     runner._execute_model_generic = recording
@@ -214,18 +214,18 @@ def test_glue_reads_requests_from_real_runner_metadata(vllm_gaudi_src, vllm_src,
     calls = out["calls"]
     flat = [chunk for call in calls for chunk in call]
     # prefill chunk 1 and 2 of A (the second reads its 200-token context through block_list)
-    assert flat[0] == {"row": 0, "tokens": prompt[:200], "num_computed": 0, "blocks": a[:2], "conv_slot": 0}
-    assert flat[1] == {"row": 0, "tokens": prompt[200:], "num_computed": 200, "blocks": a[:3], "conv_slot": 0}
-    # B's prompt (a prefill) and A's first decode: A keeps its conv slot, B gets a new one
+    assert flat[0] == {"row": 0, "tokens": prompt[:200], "num_computed": 0, "blocks": a[:2]}
+    assert flat[1] == {"row": 0, "tokens": prompt[200:], "num_computed": 200, "blocks": a[:3]}
+    # B's prompt (a prefill) and A's decodes, each with its own block table
     a_token = out["outputs"]["A"][0]
     b_prefill = [c for c in flat[2:] if c["num_computed"] == 0]
     a_decodes = [c for c in flat[2:] if c["blocks"][0] == a[0]]
-    assert b_prefill == [{"row": 0, "tokens": [5, 6, 7], "num_computed": 0, "blocks": b[:1], "conv_slot": 1}]
+    assert b_prefill == [{"row": 0, "tokens": [5, 6, 7], "num_computed": 0, "blocks": b[:1]}]
     assert [c["num_computed"] for c in a_decodes] == [300, 301]
-    assert a_decodes[0]["tokens"] == [a_token] and all(c["blocks"] == a[:3] and c["conv_slot"] == 0 for c in a_decodes)
+    assert a_decodes[0]["tokens"] == [a_token] and all(c["blocks"] == a[:3] for c in a_decodes)
     b_decode = [c for c in flat[2:] if c["blocks"][0] == b[0] and c["num_computed"] > 0]
     assert b_decode == [{"row": b_decode[0]["row"], "tokens": [out["outputs"]["B"][0]], "num_computed": 3,
-                         "blocks": b[:1], "conv_slot": 1}]
+                         "blocks": b[:1]}]
 
 
 def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
@@ -289,13 +289,12 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     from inkling_hpu.model import RequestChunk, build_step_metadata
 
     model = glue.inkling
-    caches = model.allocate_caches(2, runner.block_size, 2)
+    caches = model.allocate_caches(2, runner.block_size)
     tokens, direct, schedule = list(prompt), [], [(0, 7), (7, 13)] + [(20 + i, 1) for i in range(5)]
     with torch.inference_mode():
         for start, size in schedule:
-            step = build_step_metadata([RequestChunk(tokens[start:start + size], start, [0], 0)],
-                                       block_size=runner.block_size, conv_kernel_size=4, pad_block_id=1,
-                                       pad_conv_slot=1)
+            step = build_step_metadata([RequestChunk(tokens[start:start + size], start, [0])],
+                                       block_size=runner.block_size, conv_kernel_size=4, pad_block_id=1)
             if start + size == len(tokens):
                 direct.append(int(model.compute_logits(model(step, caches)[-1:]).argmax()))
                 tokens.append(direct[-1])

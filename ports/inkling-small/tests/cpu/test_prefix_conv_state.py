@@ -183,3 +183,22 @@ def test_shared_prefix_fails_before_snapshots(vllm_gaudi_src, vllm_src, pristine
         assert out[f"{mode}_error"] is None, out
         assert out[f"{mode}_logits_error"]["A"] < 1e-5, out
         assert out[f"{mode}_logits_error"]["B"] > 1e-2, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_shared_prefix_is_served_exactly(vllm_gaudi_src, vllm_src, port_dir):
+    """A and B share 300 tokens; B is a prefix-cache hit on A's first two blocks (256 tokens served
+    from cache) and starts from block 1's conv snapshot. Concurrently (B's hit on blocks A fills in the
+    same step) and one after the other: fp32 greedy tokens equal transformers', and every sampled
+    position's logits equal transformers' to about 1e-6."""
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_shared_prefix", vllm_gaudi_src, vllm_src, timeout=1100,
+                       port_dir=str(port_dir))
+    print(json.dumps(out))
+    assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
+    for mode in ("concurrent", "sequential"):
+        assert out[f"{mode}_error"] is None, out
+        assert out[mode] == out["expected"], out
+        assert max(out[f"{mode}_logits_error"].values()) < 1e-4, out
