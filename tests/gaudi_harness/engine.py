@@ -78,12 +78,21 @@ class EngineDriver:
             self.step()
         raise RuntimeError(f"requests still unfinished after {max_steps} steps")
 
-    def preempt(self, req_id: str) -> None:
-        """Preempt a running request the way the scheduler does when the pool runs out: its blocks are
-        freed (full ones stay in the prefix cache) and it resumes from a prefix-cache hit or from 0."""
+    def preempt(self, req_id: str, evict: bool = False) -> None:
+        """Preempt a running request with the scheduler's own `_preempt_request`, as schedule() does when
+        the pool runs out: its blocks are freed (full ones stay in the prefix cache, unless `evict`, as
+        when other requests reused them meanwhile). As with a preemption inside schedule(), it is not
+        scheduled in the step that follows (one step is run without it; vllm-gaudi then drops it from
+        its persistent batch) and resumes afterwards, from a prefix-cache hit or from 0."""
         request = self.requests[req_id]
+        blocks = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
         self.scheduler.running.remove(request)
         self.scheduler._preempt_request(request, time.monotonic())
+        if evict:
+            self.scheduler.kv_cache_manager.block_pool.evict_blocks(set(blocks))
+        self.scheduler.waiting.remove_requests([request])
+        self.step()
+        self.scheduler.waiting.prepend_request(request)
 
     def outputs(self, req_id: str) -> list[int]:
         return list(self.requests[req_id].output_token_ids)

@@ -153,6 +153,85 @@ def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int 
     return result
 
 
+def _first_rows(engine, start: int) -> list:
+    """The logits row of each runner call since `start` (one request at a time: row 0 is its row)."""
+    return [rows.reshape(-1, rows.shape[-1])[0] for rows in engine.logit_rows[start:]]
+
+
+def _near_tie(logits, token_a: int, token_b: int, tolerance: float) -> bool:
+    return abs(float(logits[token_a]) - float(logits[token_b])) <= tolerance
+
+
+def scenario_hit_vs_cold(port_dir: str, float32: bool = True, new_tokens: int = 4, num_prompts: int = 14,
+                         tolerance: float = 0.0) -> dict:
+    """Each prompt (3 blocks + 20 tokens) runs cold (prefix cache reset), then after a request that
+    shares its first k blocks (k = 1, 2, 3) has run: a hit on k blocks. Returns, per prompt, the cold
+    tokens, each hit's tokens and admission point, and for a hit that differs from the cold run whether
+    the split is a near-tie of the cold run's logits (within `tolerance`)."""
+    engine, _, raw = _serve(port_dir, float32)
+    vocab = raw.get("unpadded_vocab_size", raw["vocab_size"])
+    block = engine.runner.block_size
+    results = []
+    for p in range(num_prompts):
+        prompt = _prompt(10 + p, 3 * block + 20, vocab)
+        assert engine.scheduler.reset_prefix_cache()
+        start = len(engine.logit_rows)
+        engine.add(f"cold{p}", prompt, new_tokens)
+        engine.run()
+        cold = engine.outputs(f"cold{p}")
+        cold_logits = _first_rows(engine, start)
+        entry = {"cold": cold, "hits": {}}
+        for k in (1, 2, 3):
+            assert engine.scheduler.reset_prefix_cache()
+            # a request sharing exactly the first k blocks, then different tokens
+            engine.add(f"warm{p}.{k}", prompt[:k * block] + _prompt(99 + p, 7, vocab), 1)
+            engine.run()
+            engine.add(f"hit{p}.{k}", prompt, new_tokens)
+            engine.run()
+            tokens = engine.outputs(f"hit{p}.{k}")
+            split = next((i for i, (a, b) in enumerate(zip(tokens, cold)) if a != b), None)
+            entry["hits"][k] = {"tokens": tokens, "admitted_at": engine.admitted_at[f"hit{p}.{k}"],
+                                "split_at": split,
+                                "near_tie": None if split is None else _near_tie(cold_logits[split][:vocab],
+                                                                                 cold[split], tokens[split],
+                                                                                 tolerance)}
+        results.append(entry)
+    return {"prompts": results}
+
+
+def scenario_preemption(port_dir: str, new_tokens: int = 8) -> dict:
+    """A (300-token prompt) and B (200) decode together; A is preempted after 3 of its tokens, once
+    resuming on its still-cached blocks (prefix hit at 256) and once with those blocks evicted
+    (recompute from 0). Tokens are compared with an unpreempted run and with transformers."""
+    engine, reference, raw = _serve(port_dir, True)
+    vocab = raw.get("unpadded_vocab_size", raw["vocab_size"])
+    prompts = {"A": _prompt(4, 300, vocab), "B": _prompt(5, 200, vocab)}
+    result = {"expected": {n: _reference_tokens(reference, p, new_tokens, vocab) for n, p in prompts.items()}}
+    for case in ("none", "cached", "recompute"):
+        engine, _, _ = _serve(port_dir, True)
+        for name, prompt in prompts.items():
+            engine.add(name, prompt, new_tokens)
+        while len(engine.outputs("A")) < 3:
+            engine.step()
+        if case != "none":
+            engine.preempt("A", evict=case == "recompute")
+        engine.run()
+        result[case] = {"tokens": {n: engine.outputs(n) for n in prompts},
+                        "admitted_at": {n: engine.admitted_at[n] for n in prompts}}
+    return result
+
+
+@pytest.fixture(scope="module")
+def served_vllm_gaudi(vllm_gaudi_src, tmp_path_factory) -> Path:
+    """vllm-gaudi with the v0.30.0 profile's default fixes, as the page serves it (resumed-prefill-logits
+    matters here: without it a request resumed after preemption samples from an old prompt row)."""
+    from cookbook.api import DEFAULT_PROFILE, load_profile
+    from gaudi_harness.compare import patched_tree
+
+    profile = load_profile(DEFAULT_PROFILE)
+    return patched_tree(vllm_gaudi_src, list(profile.fixes), tmp_path_factory.mktemp("served_vllm_gaudi"))
+
+
 @pytest.fixture(scope="module")
 def pristine_port(tmp_path_factory) -> Path:
     """The port at PRISTINE_COMMIT, from this repository's git history."""
@@ -168,12 +247,12 @@ def pristine_port(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_shared_prefix_fails_before_snapshots(vllm_gaudi_src, vllm_src, pristine_port):
+def test_shared_prefix_fails_before_snapshots(served_vllm_gaudi, vllm_src, pristine_port):
     """Fail-before: with conv state keyed by the first KV block, B (a prefix-cache hit on A's first
     two blocks) is refused or served A's conv state."""
     from gaudi_harness.subproc import run_scenario
 
-    out = run_scenario(f"{__file__}::scenario_shared_prefix", vllm_gaudi_src, vllm_src, timeout=1100,
+    out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
                        port_dir=str(pristine_port), new_tokens=1)
     # B is admitted on A's two cached blocks (prefix hit at 256) in both runs.
     assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
@@ -187,14 +266,14 @@ def test_shared_prefix_fails_before_snapshots(vllm_gaudi_src, vllm_src, pristine
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_shared_prefix_is_served_exactly(vllm_gaudi_src, vllm_src, port_dir):
+def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir):
     """A and B share 300 tokens; B is a prefix-cache hit on A's first two blocks (256 tokens served
     from cache) and starts from block 1's conv snapshot. Concurrently (B's hit on blocks A fills in the
     same step) and one after the other: fp32 greedy tokens equal transformers', and every sampled
     position's logits equal transformers' to about 1e-6."""
     from gaudi_harness.subproc import run_scenario
 
-    out = run_scenario(f"{__file__}::scenario_shared_prefix", vllm_gaudi_src, vllm_src, timeout=1100,
+    out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
                        port_dir=str(port_dir))
     print(json.dumps(out))
     assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
@@ -202,3 +281,55 @@ def test_shared_prefix_is_served_exactly(vllm_gaudi_src, vllm_src, port_dir):
         assert out[f"{mode}_error"] is None, out
         assert out[mode] == out["expected"], out
         assert max(out[f"{mode}_logits_error"].values()) < 1e-4, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_hit_vs_cold_fp32_identical(served_vllm_gaudi, vllm_src, port_dir):
+    """14 prompts, each cold and with a prefix-cache hit on 1, 2 and 3 blocks: identical fp32 tokens."""
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_hit_vs_cold", served_vllm_gaudi, vllm_src, timeout=1700,
+                       port_dir=str(port_dir))
+    assert len(out["prompts"]) == 14
+    for entry in out["prompts"]:
+        for k, hit in entry["hits"].items():
+            assert hit["admitted_at"] == [int(k) * 128], (k, hit)
+            assert hit["tokens"] == entry["cold"], (k, hit, entry["cold"])
+
+
+# bf16 (the served dtype): a hit computes the same math in a different split (prefix chunk vs whole
+# prompt), so logits may move by a few bf16 ulps. A split from the cold run is accepted only where
+# the cold run's two tokens are within BF16_TIE logits of each other (about 4 bf16 ulps at |logit| 8).
+BF16_TIE = 0.125
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_hit_vs_cold_bf16_identical_or_near_tie(served_vllm_gaudi, vllm_src, port_dir):
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_hit_vs_cold", served_vllm_gaudi, vllm_src, timeout=1700,
+                       port_dir=str(port_dir), float32=False, tolerance=BF16_TIE)
+    print(json.dumps({"splits": [[h["split_at"] for h in e["hits"].values()] for e in out["prompts"]]}))
+    for entry in out["prompts"]:
+        for k, hit in entry["hits"].items():
+            assert hit["admitted_at"] == [int(k) * 128], (k, hit)
+            assert hit["split_at"] is None or hit["near_tie"], (k, hit, entry["cold"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_preempted_request_gives_the_unpreempted_tokens(served_vllm_gaudi, vllm_src, port_dir):
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_preemption", served_vllm_gaudi, vllm_src, timeout=1100,
+                       port_dir=str(port_dir))
+    print(json.dumps(out))
+    assert out["none"]["tokens"] == out["expected"], out
+    # resumed on its cached blocks: admitted again at 256 (prompt 300 + 3 tokens, 2 full blocks)
+    assert out["cached"]["admitted_at"]["A"] == [0, 256], out
+    assert out["cached"]["tokens"] == out["expected"], out
+    # recomputed from position 0 (its cached blocks evicted)
+    assert out["recompute"]["admitted_at"]["A"] == [0, 0], out
+    assert out["recompute"]["tokens"] == out["expected"], out
