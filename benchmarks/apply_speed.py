@@ -53,7 +53,7 @@ def main() -> int:
     sources = {"vllm": upstream.vllm_source("0.30.0")}
     if os.environ.get("VLLM_GAUDI_SRC"):
         sources["vllm-gaudi"] = Path(os.environ["VLLM_GAUDI_SRC"])
-    fixes = [profile.load_fix(n) for n in profile.all_fixes]
+    fixes = [profile.fix(n) for n in profile.all_fixes]
     names = [f.name for f in fixes if f.available and set(f.targets) <= set(sources)]
     patches = [(p.target, p.path) for f in fixes if f.name in names for p in f.patches]
     skipped = [f.name for f in fixes if f.name not in names]
@@ -63,6 +63,7 @@ def main() -> int:
         print("nothing to measure")
         return 0
 
+    measured = profile.only(names)
     scratch = Path(tempfile.mkdtemp(prefix="apply-speed-"))
     engine, cli, plain = [], [], []
     try:
@@ -71,14 +72,14 @@ def main() -> int:
 
             def engine_run():
                 for mode in ("check", "apply", "verify"):
-                    report = series.run(profile, roots, names, mode=mode, check_pin=False)
+                    report = series.run(measured, roots, [], mode=mode, check_pin=False)
                     assert report.ok, report.error
 
             engine.append(timed(engine_run))
 
             roots = fresh_roots(profile, sources, scratch)
             if "vllm" in roots:
-                vllm_names = [n for n in names if profile.load_fix(n).targets == ["vllm"]]
+                vllm_names = [n for n in names if profile.fix(n).targets == ["vllm"]]
                 cmd = [sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", args.profile,
                        "--target", "vllm", "--vllm-root", str(roots["vllm"])]
 

@@ -180,7 +180,7 @@ def probe_image(client: docker.DockerClient, image: str, profile: str, timeout: 
 
 def judge(profile: str, probe: dict) -> list[str]:
     """Problems with the base (empty: it is the profile's)."""
-    return api.check_probe(profile, probe)
+    return api.check_probe(load_profile(profile), probe)
 
 
 PROBE_CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "probes"

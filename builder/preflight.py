@@ -28,7 +28,7 @@ PORT = REPO / "ports" / "inkling-small"
 def check_commits(profile: str) -> tuple[str, str]:
     from cookbook import api
 
-    results = api.identify(profile, {})
+    results = api.identify(api.load_profile(profile), {})
     bad = [f"{t.name}: expected {t.pin}, found {t.commit} ({t.how})" for t in results if not t.matches]
     if bad:
         return "fail", "; ".join(bad)
@@ -38,7 +38,7 @@ def check_commits(profile: str) -> tuple[str, str]:
 def check_port_patch(port_profile: str) -> tuple[str, str]:
     from cookbook import api
 
-    _profile, report = api.run(port_profile, {}, [], mode="check")
+    report = api.run(api.load_profile(port_profile), {}, [], mode="check")
     if not report.ok:
         return "fail", report.error
     not_applied = [f"{f.name}: {f.status}" for f in report.fixes
@@ -53,7 +53,7 @@ def check_stamp(port_profile: str) -> tuple[str, str]:
 
     profile = api.load_profile(port_profile)
     found = []
-    for target in {t for name in profile.all_fixes for t in profile.load_fix(name).targets}:
+    for target in {t for name in profile.all_fixes for t in profile.fix(name).targets}:
         package = profile.targets[target].package
         root = sources.locate(package)
         stamp = root / package / "cookbook-fixes.json" if root else None

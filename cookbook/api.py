@@ -1,18 +1,19 @@
-"""The functions the CLI, install.sh, the builder and the tests call."""
+"""The functions the CLI, install.sh, the builder and the tests call. Each takes a loaded
+`Profile` (`load_profile` once, then pass it around)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from . import patchfile, series, sources
 from .errors import BaseMismatch, FixRefused, UsageError
-from .profiles import Profile, load_profile
-from .series import RunReport
+from .gitcmd import git
+from .profiles import DEFAULT_PROFILE, Profile, load_profile
+from .results import Mode, RunReport, TargetResult
 
-__all__ = ["load_profile", "resolve_roots", "run", "apply_unpinned", "patched_copy", "identify",
-           "check_probe", "refresh", "verify_passes"]
+__all__ = ["DEFAULT_PROFILE", "load_profile", "resolve_roots", "run", "apply_unpinned", "patched_copy",
+           "identify", "check_probe", "refresh"]
 
 
 def resolve_roots(profile: Profile, overrides: dict[str, Path | None], only: list[str] | None = None) -> dict[str, Path]:
@@ -38,80 +39,56 @@ def resolve_roots(profile: Profile, overrides: dict[str, Path | None], only: lis
     return roots
 
 
-def run(profile_name: str, overrides: dict[str, Path | None], opt_ins: list[str], mode: str = "apply",
-        only_targets: list[str] | None = None, strict: bool = False) -> tuple[Profile, RunReport]:
-    profile = load_profile(profile_name)
+def run(profile: Profile, overrides: dict[str, Path | None], opt_ins: list[str], mode: Mode = Mode.APPLY,
+        only_targets: list[str] | None = None, strict: bool = False) -> RunReport:
+    """A run of the profile on the trees found (or given): apply, check, revert or verify."""
     roots = resolve_roots(profile, overrides, only_targets)
-    if mode != "verify":
-        return profile, series.run(profile, roots, profile.series(opt_ins), mode=mode, strict=strict)
-    passes = verify_passes(profile)
-    report = series.run(profile, roots, passes[0], mode="verify", strict=strict, check_pin=False)
-    for names in passes[1:]:  # an opt-in that conflicts with another is verified on its own
-        alone = series.run(profile, roots, names, mode="verify", strict=strict, check_pin=False)
-        report.fixes.append(alone.fixes[-1])
-        if not alone.ok and report.ok:
-            report.exit_code, report.error = alone.exit_code, alone.error
-    return profile, report
+    return series.run(profile, roots, opt_ins, mode=mode, strict=strict, check_pin=(Mode(mode) != Mode.VERIFY))
 
 
-def verify_passes(profile: Profile) -> list[list[str]]:
-    """Series that together try every fix of the profile: the defaults with every opt-in that
-    goes with them, then each opt-in that conflicts with one already taken, on its own."""
-    fixes = {n: profile.load_fix(n) for n in profile.all_fixes}
-
-    def clash(a: str, b: str) -> bool:
-        return b in fixes[a].conflicts or a in fixes[b].conflicts
-
-    first, alone = list(profile.fixes), []
-    for name in profile.opt_in:
-        (alone if any(clash(name, other) for other in first) else first).append(name)
-    return [first] + [profile.fixes + [r for r in fixes[n].requires if r not in profile.fixes] + [n]
-                      for n in alone]
-
-
-def apply_unpinned(profile_name: str, roots: dict[str, Path], fixes: list[str]) -> RunReport:
+def apply_unpinned(profile: Profile | str, roots: dict[str, Path], fixes: list[str]) -> RunReport:
     """Apply the named fixes (in profile order) to trees whatever their commit: for tests and
-    benchmarks that patch a copy of an upstream tree. Raises on any refusal."""
-    profile = load_profile(profile_name)
-    unknown = [f for f in fixes if f not in profile.all_fixes]
+    benchmarks that patch a copy of an upstream tree (a profile name or file will do). Raises on
+    any refusal."""
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    unknown = [f for f in fixes if f not in profile.catalog]
     if unknown:
         raise UsageError(f"unknown fix {unknown} for profile {profile.name}")
-    names = [f for f in profile.all_fixes if f in fixes]
-    report = series.run(profile, {t: Path(r) for t, r in roots.items()}, names, mode="apply",
-                        check_pin=False)
+    report = series.run(profile.only(fixes), {t: Path(r) for t, r in roots.items()}, [], check_pin=False)
     if not report.ok:
         raise FixRefused(report.error)
     return report
 
 
 def patched_copy(src_root: Path, target: str, fixes: list[str], dest: Path,
-                 profile: str = "v0.30.0") -> Path:
-    """dest/<package>: a copy of src_root/<package> with the named fixes of the profile applied in
-    profile order, pin not checked (as `verify` does). For tests and benchmarks that compare a
-    pristine upstream tree with a patched one; returns dest, ready for PYTHONPATH."""
-    package = load_profile(profile).targets[target].package
+                 profile: Profile | None = None) -> Path:
+    """dest/<package>: a copy of src_root/<package> with the named fixes of the profile (default:
+    DEFAULT_PROFILE) applied in profile order, pin not checked (as `verify` does). For tests and
+    benchmarks that compare a pristine upstream tree with a patched one; returns dest, ready for
+    PYTHONPATH."""
+    profile = profile or load_profile(DEFAULT_PROFILE)
+    package = profile.targets[target].package
     shutil.copytree(Path(src_root) / package, Path(dest) / package, symlinks=True)
     apply_unpinned(profile, {target: Path(dest)}, fixes)
     return Path(dest)
 
 
-def identify(profile_name: str, overrides: dict[str, Path | None],
-             only_targets: list[str] | None = None) -> list[series.TargetResult]:
-    profile = load_profile(profile_name)
+def identify(profile: Profile, overrides: dict[str, Path | None],
+             only_targets: list[str] | None = None) -> list[TargetResult]:
     out = []
     for target, root in resolve_roots(profile, overrides, only_targets).items():
         pin = profile.targets[target]
         ident = sources.identify(root, pin.package, pin.distribution)
-        out.append(series.TargetResult(name=target, root=str(root), pin=pin.commit, ref=pin.ref,
-                                       commit=ident.commit, how=ident.how,
-                                       matches=pin.matches(ident.commit), evidence=ident.evidence))
+        out.append(TargetResult(name=target, root=str(root), pin=pin.commit, ref=pin.ref,
+                                commit=ident.commit, how=ident.how,
+                                matches=pin.matches(ident.commit), evidence=ident.evidence))
     return out
 
 
-def check_probe(profile_name: str, probe_result: dict) -> list[str]:
+def check_probe(profile: Profile, probe_result: dict) -> list[str]:
     """Judge a base image's probe (cookbook.probe output) against a profile: the problems found,
     each naming what was expected and what was found. Empty: the base is the profile's."""
-    profile = load_profile(profile_name)
     problems = []
     for target, pin in profile.targets.items():
         found = probe_result.get(target)
@@ -132,33 +109,38 @@ def check_probe(profile_name: str, probe_result: dict) -> list[str]:
     return problems
 
 
-def refresh(profile_name: str, roots: dict[str, Path]) -> list[str]:
+def refresh(profile: Profile, roots: dict[str, Path]) -> list[str]:
     """Rewrite each patch of the profile (all fixes, in order) so that it is exact on its base
     plus the earlier fixes: quilt's `refresh` for the whole series. Returns the rewritten files."""
-    profile = load_profile(profile_name)
     rewritten = []
     for target, root in roots.items():
         package = profile.targets[target].package
         work = Path(tempfile.mkdtemp(prefix="cookbook-refresh-"))
         try:
             shutil.copytree(root / package, work / package, symlinks=True)
-            git = ["git", "-C", str(work), "-c", "user.name=refresh", "-c", "user.email=refresh@localhost"]
-            subprocess.run(git[:3] + ["init", "-q"], check=True)
-            subprocess.run(git + ["add", "-A"], check=True)
-            subprocess.run(git + ["commit", "-qm", "base"], check=True)
+
+            def run_git(*args: str, text: bool = True):
+                done = git("-c", "user.name=refresh", "-c", "user.email=refresh@localhost", *args,
+                           cwd=work, text=text)
+                if done.returncode:
+                    raise FixRefused(f"refresh: `git {' '.join(args)}` failed: {done.stderr!s}")
+                return done.stdout
+
+            run_git("init", "-q")
+            run_git("add", "-A")
+            run_git("commit", "-qm", "base")
             for name in profile.all_fixes:
-                for ref in profile.load_fix(name).patches_for([target]):
+                for ref in profile.fix(name).patches_for([target]):
                     patchfile.parse(ref.path)
-                    done = subprocess.run(git[:3] + ["apply", str(ref.path)], capture_output=True, text=True)
+                    done = git("apply", str(ref.path), cwd=work)
                     if done.returncode:
                         raise FixRefused(f"refresh: {name} does not apply after the earlier fixes: {done.stderr.strip()}")
-                    subprocess.run(git + ["add", "-A"], check=True)
-                    diff = subprocess.run(git + ["diff", "--cached", "--full-index"], capture_output=True,
-                                          check=True).stdout
+                    run_git("add", "-A")
+                    diff = run_git("diff", "--cached", "--full-index", text=False)
                     if diff != ref.path.read_bytes():
                         ref.path.write_bytes(diff)
                         rewritten.append(str(ref.path))
-                    subprocess.run(git + ["commit", "-qm", name], check=True)
+                    run_git("commit", "-qm", name)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return rewritten

@@ -12,6 +12,8 @@ import click
 
 from . import api, report as reports
 from .errors import EXIT_BASE_MISMATCH, EXIT_FIX_FAILED, EXIT_OK, EXIT_USAGE, CookbookError
+from .profiles import DEFAULT_PROFILE
+from .results import Mode
 
 EXIT_CODES_HELP = """Exit codes: 0 success (every fix patched or already applied), 1 a fix refused or
 failed (the tree is unchanged), 2 base mismatch (a commit is not the profile's), 3 usage or profile
@@ -49,7 +51,7 @@ def _roots(vllm_root, vllm_gaudi_root):
 
 def _common(func):
     options = [
-        click.option("--profile", "profile", default="v0.30.0", show_default=True,
+        click.option("--profile", "profile", default=DEFAULT_PROFILE, show_default=True,
                      help="Profile name (profiles/NAME.yaml) or path to a profile file."),
         click.option("--vllm-root", type=click.Path(file_okay=False), help="Directory holding vllm/ (default: the installed package)."),
         click.option("--vllm-gaudi-root", type=click.Path(file_okay=False), help="Directory holding vllm_gaudi/ (default: the installed package)."),
@@ -94,9 +96,9 @@ def apply(profile, vllm_root, vllm_gaudi_root, targets, as_json, opt_ins, dry_ru
             return _list(profile, as_json)
         if dry_run and revert:
             raise click.UsageError("--check and --revert are exclusive")
-        mode = "check" if dry_run else "revert" if revert else "apply"
-        _, rep = api.run(profile, _roots(vllm_root, vllm_gaudi_root), list(opt_ins), mode=mode,
-                         only_targets=list(targets) or None, strict=strict)
+        mode = Mode.CHECK if dry_run else Mode.REVERT if revert else Mode.APPLY
+        rep = api.run(api.load_profile(profile), _roots(vllm_root, vllm_gaudi_root), list(opt_ins),
+                      mode=mode, only_targets=list(targets) or None, strict=strict)
     except CookbookError as exc:
         _fail(exc, as_json)
     _finish(rep, as_json)
@@ -106,7 +108,7 @@ def _list(profile_name: str, as_json: bool):
     profile = api.load_profile(profile_name)
     rows = []
     for name in profile.all_fixes:
-        fix = profile.load_fix(name)
+        fix = profile.fix(name)
         rows.append({"name": name, "title": fix.title, "targets": fix.targets,
                      "kind": "opt-in" if name in profile.opt_in else "default",
                      "patch": "available" if fix.available else "not yet available",
@@ -130,8 +132,8 @@ def verify(profile, vllm_root, vllm_gaudi_root, targets, as_json, strict):
 
     The commit pin is reported, not enforced: this is the "patch applies cleanly" check."""
     try:
-        _, rep = api.run(profile, _roots(vllm_root, vllm_gaudi_root), [], mode="verify",
-                         only_targets=list(targets) or None, strict=strict)
+        rep = api.run(api.load_profile(profile), _roots(vllm_root, vllm_gaudi_root), [], mode=Mode.VERIFY,
+                      only_targets=list(targets) or None, strict=strict)
     except CookbookError as exc:
         _fail(exc, as_json)
     _finish(rep, as_json)
@@ -142,7 +144,7 @@ def verify(profile, vllm_root, vllm_gaudi_root, targets, as_json, strict):
 def identify(profile, vllm_root, vllm_gaudi_root, targets, as_json):
     """Tell each target's commit and whether it is the profile's pin (exit 2 if not)."""
     try:
-        found = api.identify(profile, _roots(vllm_root, vllm_gaudi_root), list(targets) or None)
+        found = api.identify(api.load_profile(profile), _roots(vllm_root, vllm_gaudi_root), list(targets) or None)
     except CookbookError as exc:
         _fail(exc, as_json)
     code = EXIT_OK if all(t.matches for t in found) else EXIT_BASE_MISMATCH
@@ -158,7 +160,7 @@ def identify(profile, vllm_root, vllm_gaudi_root, targets, as_json):
 
 
 @main.command()
-@click.option("--profile", "profile", default="v0.30.0", show_default=True)
+@click.option("--profile", "profile", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--vllm-root", type=click.Path(exists=True, file_okay=False))
 @click.option("--vllm-gaudi-root", type=click.Path(exists=True, file_okay=False))
 def refresh(profile, vllm_root, vllm_gaudi_root):
@@ -169,7 +171,7 @@ def refresh(profile, vllm_root, vllm_gaudi_root):
     if not roots:
         raise click.UsageError("give --vllm-root and/or --vllm-gaudi-root (pristine base trees)")
     try:
-        for path in api.refresh(profile, roots):
+        for path in api.refresh(api.load_profile(profile), roots):
             click.echo(f"rewrote {path}")
     except CookbookError as exc:
         _fail(exc, False)

@@ -1,16 +1,18 @@
 """Profiles (the pins and the ordered series) and fix metadata, loaded and validated."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
 from .errors import ProfileError, UsageError
+from .results import Mode
 
 # libyaml's safe loader when PyYAML has it (fix metadata is prose-heavy: pure Python is slow).
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PROFILE = "v0.30.0"  # what every command uses when no --profile is given
 PROFILES_DIR = REPO_ROOT / "profiles"
 FIXES_DIR = REPO_ROOT / "fixes"
 TARGET_KEYS = {"package", "distribution", "commit", "ref", "repository", "image-checkout"}
@@ -79,24 +81,53 @@ class Profile:
     opt_in: list[str]  # in pack order
     fixes_dir: Path
     description: str = ""
+    catalog: dict[str, Fix] = field(default_factory=dict)  # every fix of the profile, loaded once
 
     @property
     def all_fixes(self) -> list[str]:
         return self.fixes + self.opt_in
 
-    def series(self, opt_ins: list[str]) -> list[str]:
-        """Defaults in order, then the named opt-ins in pack order."""
-        known = set(self.all_fixes)
-        unknown = [n for n in opt_ins if n not in known]
+    def fix(self, name: str) -> Fix:
+        return self.catalog[name]
+
+    def only(self, names) -> Profile:
+        """This profile reduced to the named fixes, all applied by default, in pack order (a
+        test's or benchmark's own series)."""
+        return replace(self, fixes=[n for n in self.all_fixes if n in set(names)], opt_in=[])
+
+    def plan(self, opt_ins, stamped=(), mode: Mode = Mode.APPLY) -> list[list[Fix]]:
+        """The series a run works out, in pack order: the defaults, the opt-ins named, and the
+        opt-ins the trees' stamps record (so the stamp keeps describing the tree). One series,
+        except for verify: series that together try every fix (an opt-in that conflicts with one
+        already taken goes in a series of its own, after the defaults and what it requires)."""
+        unknown = [n for n in opt_ins if n not in self.catalog]
         if unknown:
             raise UsageError(
                 f"unknown fix {', '.join(map(repr, unknown))} for profile {self.name}; "
                 f"valid: {', '.join(self.all_fixes)}")
-        wanted = set(opt_ins)
-        return self.fixes + [n for n in self.opt_in if n in wanted]
+        if mode == Mode.VERIFY:
+            return [[self.fix(n) for n in names] for names in self._verify_series()]
+        wanted = set(opt_ins) | set(stamped)
+        series = [self.fix(n) for n in self.fixes + [n for n in self.opt_in if n in wanted]]
+        names = {f.name for f in series}
+        for fix in series:
+            missing = [r for r in fix.requires if r not in names]
+            if missing:
+                raise UsageError(f"fix {fix.name} requires {', '.join(missing)}; name it on the command line")
+            clash = [c for c in fix.conflicts if c in names]
+            if clash:
+                raise UsageError(f"fix {fix.name} conflicts with {', '.join(clash)}; they cannot be applied together")
+        return [series]
 
-    def load_fix(self, name: str) -> Fix:
-        return load_fix(self.fixes_dir / name, self.targets)
+    def _verify_series(self) -> list[list[str]]:
+        def clash(a: str, b: str) -> bool:
+            return b in self.fix(a).conflicts or a in self.fix(b).conflicts
+
+        first, alone = list(self.fixes), []
+        for name in self.opt_in:
+            (alone if any(clash(name, other) for other in first) else first).append(name)
+        return [first] + [self.fixes + [r for r in self.fix(n).requires if r not in self.fixes] + [n]
+                          for n in alone]
 
 
 def _read_yaml(path: Path, what: str) -> dict:
@@ -184,13 +215,32 @@ def load_profile(name_or_path: str, _chain: tuple = (), _relative_to: Path | Non
     fixes_dir = FIXES_DIR
     if data.get("fixes-dir") is not None:
         fixes_dir = (path.parent / _expect(data["fixes-dir"], str, f"{path}: fixes-dir")).resolve()
-    profile = Profile(name=_expect(data.get("name"), str, f"{path}: name", path.stem), path=path,
-                      targets=targets, fixes=fixes, opt_in=opt_in, fixes_dir=fixes_dir,
-                      description=str(data.get("description", "")))
-    for name in profile.all_fixes:
+    catalog = {}
+    for name in fixes + opt_in:
         if not (fixes_dir / name / "fix.yaml").exists():
             raise ProfileError(f"{path}: fix {name!r} has no {fixes_dir / name / 'fix.yaml'}")
-    return profile
+        catalog[name] = load_fix(fixes_dir / name, targets)
+    _check_relations(path, fixes, catalog)
+    return Profile(name=_expect(data.get("name"), str, f"{path}: name", path.stem), path=path,
+                   targets=targets, fixes=fixes, opt_in=opt_in, fixes_dir=fixes_dir,
+                   description=str(data.get("description", "")), catalog=catalog)
+
+
+def _check_relations(path: Path, defaults: list[str], catalog: dict) -> None:
+    """requires/conflicts name fixes of this profile, and the default series can run at all."""
+    for name, fix in catalog.items():
+        unknown = [n for n in fix.requires + fix.conflicts if n not in catalog]
+        if unknown:
+            raise ProfileError(f"{path}: fix {name} requires or conflicts with {', '.join(unknown)}, "
+                               f"which the profile does not list")
+        if name in defaults:
+            optional = [r for r in fix.requires if r not in defaults]
+            clash = [c for c in fix.conflicts if c in defaults]
+            if optional or clash:
+                raise ProfileError(f"{path}: default fix {name} "
+                                   + (f"requires the opt-in {', '.join(optional)}" if optional
+                                      else f"conflicts with the default {', '.join(clash)}")
+                                   + "; every run applies the defaults, so that series cannot run")
 
 
 def _patch_entries(meta: dict, meta_path: Path) -> list[dict]:

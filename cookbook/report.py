@@ -4,9 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .series import RunReport
-
-_VERB = {"check": {"patched": "would patch", "reverted": "would revert"}}
+from .results import Mode, RunReport, Status
 
 
 def to_json(report: RunReport) -> str:
@@ -17,6 +15,11 @@ def to_json(report: RunReport) -> str:
         fix["target"] = ", ".join(result.targets)
         fix["files"] = sorted({f for p in result.patches for f in p.files})
     return json.dumps(data, indent=2)
+
+
+def _shown(report: RunReport, status: Status) -> str:
+    """A status as the report prints it: in a dry run, what the fix would do."""
+    return str(status.unwritten() if report.mode == Mode.CHECK else status) or "not reached"
 
 
 def _exactness(exact: bool | None) -> str:
@@ -33,27 +36,27 @@ def to_text(report: RunReport) -> str:
                      f"{t.how}")
     width = max((len(f.name) for f in report.fixes), default=0)
     total = len(report.fixes)
-    outside = [f.name for f in report.fixes if f.status == "out of scope"]
+    outside = [f.name for f in report.fixes if f.status == Status.OUT_OF_SCOPE]
     if outside:
         lines.append(f"  out of scope ({', '.join(report.scope)} only): {', '.join(outside)}")
     for index, fix in enumerate(report.fixes, start=1):
-        if fix.status == "out of scope":
+        if fix.status == Status.OUT_OF_SCOPE:
             continue
-        status = _VERB.get(report.mode, {}).get(fix.status, fix.status) or "not reached"
+        status = _shown(report, fix.status)
         exact = _exactness(fix.exact)
         line = f"  [{index:>2}/{total}] {fix.name:<{width}}  {status}{f' ({exact})' if exact else ''}"
-        if fix.reason and fix.status not in ("patched", "already applied"):
+        if fix.reason and fix.status not in (Status.PATCHED, Status.ALREADY_APPLIED):
             line += f": {fix.reason}"
         elif fix.reason:
             line += f" — {fix.reason}"
         lines.append(line)
     counts: dict[str, int] = {}
     for fix in report.fixes:
-        key = _VERB.get(report.mode, {}).get(fix.status, fix.status) or "not reached"
+        key = _shown(report, fix.status)
         counts[key] = counts.get(key, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in counts.items())
     if report.ok:
-        tail = "nothing written" if report.mode in ("check", "verify") or not report.written \
+        tail = "nothing written" if not report.mode.writes or not report.written \
             else f"{len(report.written)} files written"
         lines.append(f"OK: {summary}; {tail}")
         lines += [f"  stamp: {s}" for s in report.stamps]

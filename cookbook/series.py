@@ -6,79 +6,17 @@ fuzz), and only when every fix has its answer does it write, all at once, throug
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import git
-
-from . import journal, patchfile, sources
-from .errors import EXIT_OK, BaseMismatch, FixRefused, UsageError
+from . import journal, patchfile, sources, stamp
+from .errors import BaseMismatch, FixRefused
+from .gitcmd import git
 from .profiles import REPO_ROOT, Fix, Profile
-
-STAMP = "cookbook-fixes.json"
-MODES = ("apply", "check", "revert", "verify")
-
-
-@dataclass
-class PatchResult:
-    target: str
-    patch: str  # path of the patch file, relative to the repository when inside it
-    sha256: str
-    files: list[str]
-    status: str = ""  # patched / already applied / reverted / not applied / failed
-    exact: bool | None = None  # pre-image (or post-image) blobs identical to the patch's index lines
-    reason: str = ""
-
-
-@dataclass
-class FixResult:
-    name: str
-    title: str
-    targets: list[str]
-    status: str = ""  # patched / already applied / reverted / not applied / failed / not yet available / out of scope
-    # (in a refused run, "would patch" / "would revert": nothing was written)
-    reason: str = ""
-    patches: list[PatchResult] = field(default_factory=list)
-
-    @property
-    def exact(self) -> bool | None:
-        flags = [p.exact for p in self.patches if p.exact is not None]
-        return all(flags) if flags else None
-
-
-@dataclass
-class TargetResult:
-    name: str
-    root: str
-    pin: str
-    ref: str
-    commit: str | None = None
-    how: str = ""
-    matches: bool = False
-    evidence: dict = field(default_factory=dict)
-
-
-@dataclass
-class RunReport:
-    profile: str
-    mode: str
-    scope: list[str]
-    targets: dict[str, TargetResult] = field(default_factory=dict)
-    fixes: list[FixResult] = field(default_factory=list)
-    recovered: list[str] = field(default_factory=list)
-    stamps: list[str] = field(default_factory=list)
-    written: list[str] = field(default_factory=list)
-    exit_code: int = EXIT_OK
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == EXIT_OK
+from .results import FixResult, Mode, PatchResult, RunReport, Status, TargetResult
 
 
 def _display(path: Path) -> str:
@@ -121,16 +59,12 @@ class Scratch:
         return patchfile.blob_id(state[0]) if state else None
 
     def git_apply(self, target: str, patches: list[Path], *flags: str) -> tuple[bool, str]:
-        """One `git apply` of the patches in order: all or nothing, zero fuzz. The user's git
-        configuration is kept out (apply.whitespace=fix would silently rewrite lines)."""
+        """One `git apply` of the patches in order: all or nothing, zero fuzz."""
         workdir = self.dir / target
         workdir.mkdir(exist_ok=True)
-        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(self.dir), GIT_CONFIG_NOSYSTEM="1",
-                   GIT_CONFIG_GLOBAL=os.devnull)
-        status, _out, err = git.cmd.Git(str(workdir)).execute(
-            ["git", "apply", "--whitespace=nowarn", *flags, *map(str, patches)], env=env,
-            with_extended_output=True, with_exceptions=False)
-        return status == 0, err
+        done = git("apply", "--whitespace=nowarn", *flags, *map(str, patches), cwd=workdir,
+                   env={"GIT_CEILING_DIRECTORIES": str(self.dir)})
+        return done.returncode == 0, done.stderr
 
     def changes(self, mode_changes: set[tuple[str, str]]) -> dict[Path, tuple[bytes, int] | None]:
         """Real path -> new (bytes, mode), or None to delete, for every file the run changes.
@@ -202,43 +136,13 @@ def _pre_image_matches(scratch: Scratch, target: str, parsed: patchfile.ParsedPa
     return True, ""
 
 
-def check_requirements(profile: Profile, fixes: list[Fix]) -> None:
-    names = {f.name for f in fixes}
-    for fix in fixes:
-        missing = [r for r in fix.requires if r not in names]
-        if missing:
-            raise UsageError(f"fix {fix.name} requires {', '.join(missing)}; name it on the command line")
-        clash = [c for c in fix.conflicts if c in names]
-        if clash:
-            raise UsageError(f"fix {fix.name} conflicts with {', '.join(clash)}; they cannot be applied together")
-
-
-def _read_stamp(path: Path) -> dict:
-    """A package's stamp, {} when there is none; refuses one that is not the fix pack's own."""
-    if not path.exists():
-        return {}
-    try:
-        stamp = json.loads(path.read_text())
-        if not isinstance(stamp, dict) or set(stamp) - {"profiles"} or not isinstance(stamp.get("profiles", {}), dict):
-            raise ValueError('expected a JSON object with one key, "profiles", an object')
-        for name, entry in stamp.get("profiles", {}).items():
-            if not (isinstance(entry, dict) and isinstance(entry.get("fixes", []), list)
-                    and all(isinstance(f, dict) for f in entry.get("fixes", []))):
-                raise ValueError(f'profile {name!r}: expected an object whose "fixes" is a list of objects')
-    except (OSError, ValueError) as exc:
-        raise FixRefused(f"{path} is not a fix-pack stamp ({exc}); it records what the tree carries, "
-                         "so the run cannot trust it: move it aside only if the tree is pristine") from None
-    return stamp
-
-
-def stamped_opt_ins(profile: Profile, roots: dict[str, Path]) -> list[str]:
+def recorded_opt_ins(profile: Profile, roots: dict[str, Path]) -> list[str]:
     """Opt-ins the trees' stamps record as applied under this profile: a run keeps (or, with
     --revert, removes) them, so the stamp always describes the tree."""
     found = set()
     for target, root in roots.items():
-        stamp = _read_stamp(root / profile.targets[target].package / STAMP)
-        entry = (stamp.get("profiles") or {}).get(profile.name) or {}
-        found.update(f.get("name") for f in entry.get("fixes") or [])
+        found.update(stamp.fixes_recorded(stamp.read(stamp.path(root, profile.targets[target].package)),
+                                          profile.name))
     return [n for n in profile.opt_in if n in found]
 
 
@@ -246,55 +150,55 @@ def _stamp_changes(profile: Profile, report: RunReport, roots: dict[str, Path],
                    revert: bool) -> dict[Path, tuple[bytes, int] | None]:
     changes = {}
     for target in report.scope:
-        path = roots[target] / profile.targets[target].package / STAMP
+        path = stamp.path(roots[target], profile.targets[target].package)
         old = path.read_bytes() if path.exists() else None
-        stamp = _read_stamp(path)
-        profiles = stamp.setdefault("profiles", {})
         # "applied" whether this run patched it or found it patched: re-runs write nothing.
         fixes = [{"name": f.name, "status": "applied",
                   "patches": [{"file": p.patch, "sha256": p.sha256} for p in f.patches if p.target == target]}
-                 for f in report.fixes if target in f.targets and f.status != "out of scope"]
-        if revert or not fixes:  # a package none of the series touches gets no stamp
-            profiles.pop(profile.name, None)
-        else:
+                 for f in report.fixes if target in f.targets and f.status != Status.OUT_OF_SCOPE]
+        entry = None
+        if fixes and not revert:  # a package none of the series touches gets no stamp
             t = report.targets[target]
-            profiles[profile.name] = {
-                "profile_file": _display(profile.path),
-                "target": target, "pin": t.pin, "commit_found": t.commit, "how": t.how,
-                "fixes": fixes,
-            }
-        new = (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode() if profiles else None
+            entry = {"profile_file": _display(profile.path), "target": target, "pin": t.pin,
+                     "commit_found": t.commit, "how": t.how, "fixes": fixes}
+        new = stamp.updated(stamp.read(path), profile.name, entry)
         if new != old:
             changes[path] = (new, 0o644) if new is not None else None
     return changes
 
 
-def run(profile: Profile, roots: dict[str, Path], names: list[str], mode: str = "apply",
+def run(profile: Profile, roots: dict[str, Path], opt_ins: list[str], mode: Mode = Mode.APPLY,
         strict: bool = False, check_pin: bool = True) -> RunReport:
-    """Work the series `names` out against `roots` ({target: dir holding the package});
-    in mode "apply"/"revert" write the result all or nothing. Opt-ins the stamp records as applied
-    join the series (except in "verify"). Never raises for a refusal: the report carries the exit
-    code and the reason."""
-    assert mode in MODES
+    """Work the profile's series (its plan for `opt_ins` and what the stamps record) out against
+    `roots` ({target: dir holding the package}); in apply/revert write the result all or nothing.
+    Never raises for a refusal or a base mismatch: the report carries the exit code and the
+    reason. Usage and profile errors raise."""
+    mode = Mode(mode)
     report = RunReport(profile=profile.name, mode=mode, scope=sorted(roots))
     # Every run, even a dry one, first undoes a run that was interrupted on these trees.
     with journal.locked(roots.values()):
         try:
             report.recovered = journal.recover(roots.values())
-            if mode != "verify":
-                kept = stamped_opt_ins(profile, roots)
-                names = [n for n in profile.all_fixes if n in set(names) | set(kept)]
-            fixes = [profile.load_fix(n) for n in names]
-            check_requirements(profile, fixes)
-            _run_locked(profile, roots, fixes, mode, strict, check_pin, report)
-        except (FixRefused, BaseMismatch) as exc:  # usage and profile errors go to the caller
-            report.exit_code, report.error = exc.exit_code, str(exc)
+            stamped = recorded_opt_ins(profile, roots) if mode != Mode.VERIFY else []
+            passes = profile.plan(opt_ins, stamped, mode)
+        except (FixRefused, BaseMismatch) as exc:
+            report.refuse(exc.exit_code, str(exc))
+            return report
+        # verify may need more than one series: an opt-in that conflicts with another, on its own
+        for index, series in enumerate(passes):
+            this = RunReport(profile=profile.name, mode=mode, scope=report.scope) if index else report
+            try:
+                _run_locked(profile, roots, series, mode, strict, check_pin, this)
+            except (FixRefused, BaseMismatch) as exc:
+                this.refuse(exc.exit_code, str(exc))
+            if index:
+                report.add_pass(this)
     return report
 
 
-def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunReport) -> None:
-    scope = set(roots)
-    for target in sorted(scope):
+def _identify(profile: Profile, roots: dict[str, Path], report: RunReport, check_pin: bool) -> None:
+    """Each target's commit into the report; a mismatch refuses before any patch is read."""
+    for target in sorted(roots):
         pin = profile.targets[target]
         if not (roots[target] / pin.package).is_dir():
             raise BaseMismatch(f"{target}: no {pin.package}/ package directory under {roots[target]}")
@@ -302,6 +206,17 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
         report.targets[target] = TargetResult(
             name=target, root=str(roots[target]), pin=pin.commit, ref=pin.ref, commit=ident.commit,
             how=ident.how, matches=pin.matches(ident.commit), evidence=ident.evidence)
+    mismatched = [t for t in report.targets.values() if not t.matches]
+    if check_pin and mismatched:
+        raise BaseMismatch("; ".join(
+            f"{t.name}: expected commit {t.pin} ({t.ref}), found {t.commit or 'none'} ({t.how})"
+            for t in mismatched) + "; nothing was written")
+
+
+def _run_locked(profile: Profile, roots: dict[str, Path], fixes: list[Fix], mode: Mode, strict: bool,
+                check_pin: bool, report: RunReport) -> None:
+    scope = set(roots)
+    _identify(profile, roots, report, check_pin)
 
     # Refusals that need no file access come first.
     parsed: dict[str, list[tuple[PatchResult, patchfile.ParsedPatch]]] = {t: [] for t in scope}
@@ -311,11 +226,11 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
         report.fixes.append(result)
         in_scope = [t for t in fix.targets if t in scope]
         if not in_scope:
-            result.status, result.reason = "out of scope", f"touches {', '.join(fix.targets)} only"
+            result.status, result.reason = Status.OUT_OF_SCOPE, f"touches {', '.join(fix.targets)} only"
             continue
         have = {p.target for p in fix.patches}
         if any(t not in have for t in in_scope):
-            result.status = "not yet available"
+            result.status = Status.NOT_YET_AVAILABLE
             result.reason = f"no patch for {', '.join(t for t in in_scope if t not in have)} yet"
             missing.append(fix.name)
             continue
@@ -329,11 +244,6 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
     if missing:
         raise FixRefused(f"not yet available: {', '.join(missing)}; the profile cannot be applied "
                          "until every fix in scope has a patch")
-    mismatched = [t for t in report.targets.values() if not t.matches]
-    if check_pin and mismatched:
-        raise BaseMismatch("; ".join(
-            f"{t.name}: expected commit {t.pin} ({t.ref}), found {t.commit or 'none'} ({t.how})"
-            for t in mismatched) + "; nothing was written")
 
     scratch = Scratch(roots, {t: {f for _p, patch in items for f in patch.touched} for t, items in parsed.items()})
     try:
@@ -342,33 +252,30 @@ def _run_locked(profile, roots, fixes, mode, strict, check_pin, report: RunRepor
         pending = [r for r in report.fixes if not r.status]
         for result in pending:
             statuses = [p.status for p in result.patches]
-            if "failed" in statuses:
-                result.status = "failed"
-            elif "" not in statuses:  # "": a fix before it on the same target failed
+            if Status.FAILED in statuses:
+                result.status = Status.FAILED
+            elif Status.PENDING not in statuses:
                 result.status = statuses[0] if len(set(statuses)) == 1 else (
-                    "reverted" if mode == "revert" else "patched")
+                    Status.REVERTED if mode == Mode.REVERT else Status.PATCHED)
             result.reason = "; ".join(p.reason for p in result.patches if p.reason)
-        failed = [r for r in pending if r.status == "failed"]
+        failed = [r for r in pending if r.status == Status.FAILED]
         if failed:
             raise FixRefused("; ".join(f"{r.name}: {r.reason}" for r in failed) + "; nothing was written")
         changes = scratch.changes({(t, c.old_path) for t, items in parsed.items() for _p, patch in items
                                    for c in patch.changes if c.changes_mode})
-        if mode in ("apply", "revert"):
-            changes.update(_stamp_changes(profile, report, roots, revert=(mode == "revert")))
+        if mode.writes:
+            changes.update(_stamp_changes(profile, report, roots, revert=(mode == Mode.REVERT)))
         journal.check_writable(changes)
-        if mode in ("apply", "revert") and changes:
+        if mode.writes and changes:
             journal.commit(roots.values(), changes)
             report.written = sorted(str(p) for p in changes)
-            report.stamps = [str(p) for p in changes if p.name == STAMP and changes[p] is not None]
+            report.stamps = [str(p) for p in changes if p.name == stamp.NAME and changes[p] is not None]
     except FixRefused:
         for result in report.fixes:  # nothing was written: say what each fix would have done
-            result.status = WOULD.get(result.status, result.status)
+            result.status = result.status.unwritten()
         raise
     finally:
         scratch.close()
-
-
-WOULD = {"patched": "would patch", "reverted": "would revert"}
 
 
 def _chain_state(items, scratch: Scratch, target: str) -> str | None:
@@ -392,15 +299,15 @@ def _chain_state(items, scratch: Scratch, target: str) -> str | None:
     return "base" if at_base else "applied" if at_end else None
 
 
-def _settled(presult: PatchResult, mode: str, was_applied: bool, exact: bool) -> None:
+def _settled(presult: PatchResult, mode: Mode, was_applied: bool, exact: bool) -> None:
     presult.exact = exact
-    if mode == "revert":
-        presult.status = "reverted" if was_applied else "not applied"
+    if mode == Mode.REVERT:
+        presult.status = Status.REVERTED if was_applied else Status.NOT_APPLIED
     else:
-        presult.status = "already applied" if was_applied else "patched"
+        presult.status = Status.ALREADY_APPLIED if was_applied else Status.PATCHED
 
 
-def _settle(scratch: Scratch, target: str, items, mode: str, strict: bool) -> None:
+def _settle(scratch: Scratch, target: str, items, mode: Mode, strict: bool) -> None:
     """Give each patch of one target its status, leaving the scratch files as the run wants them:
     the whole series applied (apply, check, verify) or none of it (revert).
 
@@ -433,15 +340,15 @@ def _settle(scratch: Scratch, target: str, items, mode: str, strict: bool) -> No
             matches, why = _pre_image_matches(scratch, target, patch)
             ok, err = scratch.git_apply(target, [patch.path])
             if not ok:
-                presult.status, presult.reason = "failed", _failed_hunk(patch, err)
+                presult.status, presult.reason = Status.FAILED, _failed_hunk(patch, err)
                 return
             _settled(presult, mode, applied, matches)
             if not matches:
                 presult.reason = f"applies by context: {why}"
                 if strict:
-                    presult.status, presult.reason = "failed", f"applies only by context (--strict): {why}"
+                    presult.status, presult.reason = Status.FAILED, f"applies only by context (--strict): {why}"
                     return
-    if mode == "revert":
+    if mode == Mode.REVERT:
         ok, err = scratch.git_apply(target, paths[::-1], "-R")
         if not ok:  # cannot happen: the series was just replayed onto the base
             raise FixRefused(f"{target}: the series does not reverse after replaying it: {err.strip()}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .gitcmd import git
 
 _COMMIT_ID = re.compile(r"""__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['"]g?([0-9a-f]{7,40})['"]""")
 _VERSION = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""")
@@ -46,11 +47,9 @@ def git_head(checkout: Path) -> str | None:
     query (a stock image's checkout may belong to another user); any other failure raises."""
     if not (checkout / ".git").exists():
         return None
-    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(checkout.parent), GIT_CONFIG_NOSYSTEM="1",
-               GIT_CONFIG_GLOBAL=os.devnull)
-    cmd = ["git", "-c", f"safe.directory={checkout}", "-C", str(checkout), "rev-parse", "--verify", "HEAD"]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+        out = git("-c", f"safe.directory={checkout}", "-C", str(checkout), "rev-parse", "--verify", "HEAD",
+                  env={"GIT_CEILING_DIRECTORIES": str(checkout.parent)}, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UnreadableCheckout(f"git checkout at {checkout}: cannot run git ({exc})") from None
     if out.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", out.stdout.strip()):

@@ -17,12 +17,12 @@ PAGE = REPO.parent / "shared" / "seeds" / "cookbook-page-inkling-small-gaudi2.tx
 def test_recipe_fixes_exist_in_its_profile():
     profile = load_profile(RECIPE["profile"])
     assert set(RECIPE["opt-in-fixes"]) <= set(profile.opt_in)
-    assert profile.series(RECIPE["opt-in-fixes"])[-1] == "vllm-long-prefill-share"
+    assert profile.plan(RECIPE["opt-in-fixes"])[0][-1].name == "vllm-long-prefill-share"
     assert RECIPE["fix-step"].endswith(f"--profile {profile.name} {' '.join(RECIPE['opt-in-fixes'])} || exit 1")
 
 
 def test_long_prefill_variables_are_declared_by_their_fix():
-    fix = load_profile(RECIPE["profile"]).load_fix("vllm-long-prefill-share")
+    fix = load_profile(RECIPE["profile"]).fix("vllm-long-prefill-share")
     declared = {entry["name"] for entry in fix.meta.get("env") or []}
     used = {k for k in RECIPE["env"] if k.startswith("VLLM_LONG_PREFILL")}
     assert used <= declared, f"not declared in fix.yaml env: {used - declared}"

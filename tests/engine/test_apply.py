@@ -12,10 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from cookbook.profiles import load_profile
+from cookbook.results import Mode
 
 REPO = Path(__file__).resolve().parents[2]
 APPLY_ALL = REPO / "fixes" / "apply_all.py"
@@ -130,6 +132,18 @@ def test_wrong_base_is_refused_and_nothing_written(vllm_026_src, tmp_path):
     assert "expected commit ced6857afa0ea7b2e3f0846a62e1394e90f15607" in done.stdout
     assert "found f2654939e" in done.stdout
     assert tree_hash(tree) == before
+
+
+def test_wrong_base_is_refused_before_any_patch_is_read(vllm_026_src, tmp_path):
+    """A wrong base with a malformed patch in the series is a base mismatch (2), not a patch
+    failure (1): the pin is checked before any patch is parsed."""
+    tree = tmp_path / "old"
+    (tree / "vllm").mkdir(parents=True)
+    shutil.copy2(vllm_026_src / "vllm/_version.py", tree / "vllm/_version.py")
+    profile = profile_with(tmp_path / "p", {"broken": b"diff --git a/vllm/x b/vllm/x\n@@ -1 +1 @@\n"},
+                           ["envs-marker", "broken"])
+    done = apply(tree, profile=profile, check_rc=2)
+    assert "expected commit ced6857a" in done.stdout and "malformed" not in done.stdout
 
 
 def test_unidentifiable_base_is_refused(tree):
@@ -279,6 +293,28 @@ def test_requires_and_conflicts(tree, tmp_path):
     clash = profile_with(tmp_path / "b", {"rival": fixture_patch("sampler-marker")}, ["envs-marker"],
                          opt_in=["rival"], rival={"conflicts": ["envs-marker"]})
     assert "conflicts with envs-marker" in apply(tree, "rival", profile=clash, check_rc=3).stderr
+
+
+@pytest.mark.parametrize("default_meta,message", [
+    ({"requires": ["sampler-marker"]}, "default fix needy requires the opt-in sampler-marker"),
+    ({"conflicts": ["envs-marker"]}, "default fix needy conflicts with the default envs-marker"),
+    ({"requires": ["no-such-fix"]}, "needy requires or conflicts with no-such-fix"),
+], ids=["default-needs-opt-in", "defaults-clash", "unknown-name"])
+def test_impossible_relations_are_refused_when_the_profile_loads(tree, tmp_path, default_meta, message):
+    profile = profile_with(tmp_path, {"needy": fixture_patch("envs-second-marker")}, ["envs-marker", "needy"],
+                           opt_in=["sampler-marker"], needy=default_meta)
+    for args in (["--list"], ["--vllm-root", tree, "--check"]):
+        done = cli("--profile", profile, *args)
+        assert done.returncode == 3 and message in done.stderr, done.stderr
+
+
+def test_one_planner_for_every_mode():
+    profile = load_profile(str(PROFILE))
+    names = lambda passes: [[f.name for f in series] for series in passes]  # noqa: E731
+    assert names(profile.plan([])) == [["envs-marker", "scheduler-marker", "envs-second-marker"]]
+    assert names(profile.plan([], stamped=["sampler-marker"]))[0][-1] == "sampler-marker"
+    assert names(profile.plan([], mode=Mode.VERIFY)) == [profile.all_fixes]
+    assert names(profile.only(["scheduler-marker", "sampler-marker"]).plan([])) == [["scheduler-marker", "sampler-marker"]]
 
 
 def test_fix_without_patch_refuses_the_profile(tree, tmp_path):

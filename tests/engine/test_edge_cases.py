@@ -81,7 +81,7 @@ def make_profile(where: Path, fixes: dict[str, bytes], order: list[str], opt_in=
 
 def run(profile: Path, root: Path, opt_ins=(), mode="apply", strict=False):
     """The library's run, in process (fast); returns the report."""
-    _, report = api.run(str(profile), {"vllm": root, "vllm-gaudi": None}, list(opt_ins), mode=mode,
+    report = api.run(api.load_profile(str(profile)), {"vllm": root, "vllm-gaudi": None}, list(opt_ins), mode=mode,
                         only_targets=["vllm"], strict=strict)
     return report
 
@@ -309,7 +309,7 @@ def test_profile_errors_exit_3(tree, tmp_path, text, message):
     profile = _copy_fixture_fixes(tmp_path) / "profile.yaml"
     profile.write_text("name: x\nextends: v0.30.0\nfixes-dir: fixes\n" + text)
     with pytest.raises(CookbookError) as err:
-        api.run(str(profile), {"vllm": tree}, [], mode="check", only_targets=["vllm"])
+        api.run(api.load_profile(str(profile)), {"vllm": tree}, [], mode="check", only_targets=["vllm"])
     assert err.value.exit_code == 3 and message in str(err.value)
 
 
@@ -354,7 +354,7 @@ def test_fix_yaml_wrong_types(tree, tmp_path, text):
 def test_fix_yaml_unknown_key_is_refused(tree, tmp_path):
     profile = _profile_with_fix_yaml(tmp_path, fix_yaml("new", "requries: [envs-marker]\n"))
     with pytest.raises(CookbookError) as err:
-        api.run(str(profile), {"vllm": tree}, [], mode="check", only_targets=["vllm"])
+        api.run(api.load_profile(str(profile)), {"vllm": tree}, [], mode="check", only_targets=["vllm"])
     assert "requries" in str(err.value)
 
 

@@ -296,7 +296,7 @@ def test_journal_and_written_files_reach_the_disk(tree, monkeypatch):
                                                   real_fsync(fd))[1])
     monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", str(b))), real_rename(a, b))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
-    api.run(str(PROFILE), {"vllm": tree, "vllm-gaudi": None}, [], only_targets=["vllm"])
+    api.run(api.load_profile(str(PROFILE)), {"vllm": tree, "vllm-gaudi": None}, [], only_targets=["vllm"])
     named = events.index(("rename", str(tree / JOURNAL)))
     assert events[named + 1] == ("fsync", str(tree))
     first_write = next(i for i, e in enumerate(events) if e[0] == "replace")

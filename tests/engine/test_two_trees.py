@@ -52,7 +52,7 @@ def test_sigkill_across_two_trees_is_recovered(trees):
     code = ("import sys; sys.path.insert(0, %r); from cookbook import series; "
             "from cookbook.profiles import load_profile; from pathlib import Path; "
             "p = load_profile(%r); "
-            "series.run(p, {'vllm': Path(%r), 'vllm-gaudi': Path(%r)}, p.fixes, check_pin=False)"
+            "series.run(p, {'vllm': Path(%r), 'vllm-gaudi': Path(%r)}, [], check_pin=False)"
             % (str(APPLY_ALL.parents[1]), str(PROFILE), str(vllm), str(gaudi)))
     env = dict(os.environ, COOKBOOK_TEST_KILL_AFTER_WRITES="2")
     killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
