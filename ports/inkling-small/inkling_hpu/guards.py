@@ -1,9 +1,10 @@
 """Start-up guards: refuse the serving configurations the port cannot run exactly.
 
-The port keeps Inkling's short-convolution state as snapshots tied to its 128-token KV blocks and
-to each request's own token stream (docs/caches.md). Configurations that break either assumption
-would not crash: they would silently compute wrong logits. So they are refused before any weight
-is read, with the reason and what to do instead.
+The port keeps Inkling's short-convolution state per 128-token KV block: a snapshot at every full
+block's boundary, shared with the block through prefix caching, and the running state in each
+request's own last block (docs/caches.md). Configurations that break this would not crash: they
+would silently compute wrong logits. So they are refused before any weight is read, with the reason
+and what to do instead.
 
 Pure Python, no torch / vLLM / Habana import: the checks take plain values (`ServingSettings`) and
 `settings_from_vllm_config` reads them from a real VllmConfig.
@@ -38,6 +39,8 @@ class ServingSettings:
     max_model_len: int
     # The KV pool in blocks when it is already known (--num-gpu-blocks-override), else None.
     num_blocks: int | None = None
+    # vLLM's KV connector (--kv-transfer-config, KV offloading), if any.
+    kv_connector: str | None = None
 
 
 def _env_flag(environ: Mapping[str, str], name: str) -> bool | None:
@@ -76,7 +79,15 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         speculative_method=None if spec is None else str(getattr(spec, "method", None) or "speculative"),
         max_model_len=int(vllm_config.model_config.max_model_len),
         num_blocks=cache.num_gpu_blocks_override or cache.num_gpu_blocks,
+        kv_connector=_kv_connector(vllm_config),
     )
+
+
+def _kv_connector(vllm_config: Any) -> str | None:
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if transfer is None:
+        return None
+    return str(getattr(transfer, "kv_connector", None) or "a KV connector")
 
 
 def refusals(settings: ServingSettings) -> list[str]:
@@ -107,7 +118,13 @@ def refusals(settings: ServingSettings) -> list[str]:
         reasons.append(
             f"speculative decoding: expected none, found {settings.speculative_method}. Verifying "
             "drafts needs the conv state at every draft position with rollback; the snapshots "
-            "exist only at block boundaries and at each request's last step.")
+            "exist only at block boundaries and in each request's last block, with no rollback.")
+    if settings.kv_connector is not None:
+        reasons.append(
+            f"KV connector: expected none, found {settings.kv_connector}. A connector (KV offloading, "
+            "disaggregated prefill) loads and saves the K/V of blocks only; a request resumed on loaded "
+            "blocks would find no conv-state snapshot for them. Remove --kv-transfer-config and "
+            "--kv-offloading-size; prefix caching inside the pool is served exactly.")
     if settings.num_blocks is not None and settings.block_size is not None:
         pool_reason = kv_pool_refusal(settings.num_blocks, settings.block_size, settings.max_model_len)
         if pool_reason:
@@ -137,6 +154,30 @@ def kv_pool_refusal(num_blocks: int, block_size: int, max_model_len: int) -> str
             f"{num_blocks * block_size} tokens. Lower --max-model-len or give the pool {needed}+ blocks "
             "(--num-gpu-blocks-override); do not raise --gpu-memory-utilization or lower "
             "VLLM_GRAPH_RESERVED_MEM for it.")
+
+
+def conv_snapshot_bytes_per_block(layers: list[tuple[int, int]], hidden_size: int, kernel_size: int,
+                                  dtype_bytes: int) -> int:
+    """Bytes of conv state kept per KV block on one rank: for each layer (kv heads on this rank, head
+    dim), the conv inputs of kernel - 1 tokens for K, V (kv heads x head dim each) and the attention
+    and MLP outputs (hidden size each)."""
+    taps = kernel_size - 1
+    return sum(taps * (2 * kv_heads * head_dim + 2 * hidden_size) * dtype_bytes for kv_heads, head_dim in layers)
+
+
+def kv_bytes_per_block(layers: list[tuple[int, int]], block_size: int, dtype_bytes: int) -> int:
+    """K and V bytes of one block on one rank, over all layers."""
+    return sum(2 * block_size * kv_heads * head_dim * dtype_bytes for kv_heads, head_dim in layers)
+
+
+def conv_snapshot_line(layers: list[tuple[int, int]], hidden_size: int, kernel_size: int, block_size: int,
+                       dtype_bytes: int, num_blocks: int) -> str:
+    """The start-up line stating what the conv snapshots cost next to the KV cache."""
+    conv = conv_snapshot_bytes_per_block(layers, hidden_size, kernel_size, dtype_bytes)
+    kv = kv_bytes_per_block(layers, block_size, dtype_bytes)
+    return (f"conv-state snapshots: {conv} bytes per block per rank = {conv / kv:.3f} x the block's K/V "
+            f"({kv} bytes); {num_blocks} blocks: {num_blocks * (kv + conv) / 2**30:.2f} GiB per rank "
+            f"({num_blocks * conv / 2**30:.2f} GiB of it conv state)")
 
 
 def kv_groups_summary(kv_cache_groups: list[Any]) -> str:

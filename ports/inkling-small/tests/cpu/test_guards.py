@@ -33,6 +33,7 @@ def test_page_launch_settings_pass():
     (dict(kv_cache_dtype="fp8_e4m3"), "expected auto or bfloat16, found fp8_e4m3"),
     (dict(speculative_method="ngram"), "speculative decoding: expected none, found ngram"),
     (dict(num_blocks=2048), "expected at least 2049 blocks (262144 tokens"),
+    (dict(kv_connector="OffloadingConnector"), "KV connector: expected none, found OffloadingConnector"),
 ])
 def test_each_forbidden_setting_is_refused_with_its_reason(change, expected):
     settings = replace(PAGE, **change)
@@ -46,8 +47,18 @@ def test_each_forbidden_setting_is_refused_with_its_reason(change, expected):
 
 def test_all_reasons_are_listed_at_once():
     settings = replace(PAGE, block_size=64, contiguous_pa=True, merged_prefill=True, kv_cache_dtype="fp8",
-                       speculative_method="eagle", num_blocks=10)
-    assert len(guards.refusals(settings)) == 6
+                       speculative_method="eagle", num_blocks=10, kv_connector="LMCacheConnectorV1")
+    assert len(guards.refusals(settings)) == 7
+
+
+def test_conv_snapshot_arithmetic():
+    """Per block and rank: 3 taps x (2 x kv heads x head dim + 2 x hidden) x 2 bytes per layer, next to
+    2 x 128 x kv heads x head dim x 2 bytes of K/V."""
+    layers = [(1, 128)] * 42        # e.g. 8 kv heads over TP 8, head dim 128
+    assert guards.conv_snapshot_bytes_per_block(layers, 4096, 4, 2) == 42 * 3 * (256 + 8192) * 2
+    assert guards.kv_bytes_per_block(layers, 128, 2) == 42 * 2 * 128 * 128 * 2
+    line = guards.conv_snapshot_line(layers, 4096, 4, 128, 2, 2560)
+    assert line.startswith("conv-state snapshots: 2128896 bytes per block per rank = 0.773 x the block's K/V (2752512 bytes)")
 
 
 def test_memory_guard_boundary():
