@@ -266,7 +266,7 @@ def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, co
     specs = tp_specs(TextCheckpoint(ckpt_dir))
     while (method := commands.get()) is not None:
         barrier.wait()
-        before, start = _io_counters(), time.perf_counter()
+        before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
         if method == "tp_presharded":
             loaded = TextCheckpoint(own_dir).load()
         else:
@@ -275,14 +275,22 @@ def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, co
         produced = sum(_consume(tensor) for _, tensor in loaded)
         seconds, after = time.perf_counter() - start, _io_counters()
         results.put((rank, seconds, after["read_bytes"] - before["read_bytes"], after["rchar"] - before["rchar"],
-                     produced))
+                     produced, _cpu_seconds() - cpu))
 
 
-def _summary(times: list[float], reads: list[int], text_bytes: int, base_time: float) -> dict:
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _summary(runs: list[tuple], text_bytes: int, base_time: float) -> dict:
+    """runs: (wall seconds, storage bytes, CPU seconds, ...) per run."""
+    times = [r[0] for r in runs]
     median = statistics.median(times)
-    read = statistics.median(reads)
+    read = statistics.median(r[1] for r in runs)
     return {"min_seconds": round(min(times), 3), "median_seconds": round(median, 3),
-            "max_seconds": round(max(times), 3), "median_read_bytes": int(read),
+            "max_seconds": round(max(times), 3), "median_cpu_seconds": round(statistics.median(r[2] for r in runs), 3),
+            "median_read_bytes": int(read),
             "read_vs_text": round(read / text_bytes, 4), "text_gb_per_s": round(text_bytes / median / 1e9, 3),
             "throughput_vs_plain": round(base_time / median, 3)}
 
@@ -306,36 +314,37 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
             for method in methods:                          # alternate so drift hits all alike
                 drop_cache(files)
                 if method == "plain":
-                    before, start = _io_counters(), time.perf_counter()
+                    before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
                     if run_plain(ckpt) != text_bytes:
                         raise RuntimeError("plain read the wrong number of bytes")
                     samples[method].append((time.perf_counter() - start,
-                                            _io_counters()["read_bytes"] - before["read_bytes"], []))
+                                            _io_counters()["read_bytes"] - before["read_bytes"],
+                                            _cpu_seconds() - cpu, []))
                     continue
                 for q in commands:
                     q.put(method)
                 barrier.wait()
                 start = time.perf_counter()
                 ranks = sorted(results.get(timeout=600) for _ in range(world))
-                samples[method].append((time.perf_counter() - start, sum(r[2] for r in ranks), ranks))
+                samples[method].append((time.perf_counter() - start, sum(r[2] for r in ranks),
+                                        sum(r[5] for r in ranks), ranks))
     finally:
         for q in commands:
             q.put(None)
         for w in workers:
             w.join()
-    slab_bytes = [r[4] for r in samples["tp_presharded"][0][2]]
+    slab_bytes = [r[4] for r in samples["tp_presharded"][0][3]]
     out = {"world_size": world, "text_bytes": text_bytes, "rank_slab_bytes": slab_bytes, "methods": {}}
     base = statistics.median(s[0] for s in samples["plain"])
     for method, runs in samples.items():
-        r = _summary([s[0] for s in runs], [s[1] for s in runs], text_bytes, base)
+        r = _summary(runs, text_bytes, base)
         if method != "plain":
-            per_rank = list(zip(*[[rank[2] for rank in s[2]] for s in runs]))      # [rank][run]
-            asked = list(zip(*[[rank[3] for rank in s[2]] for s in runs]))
-            r["rank_read_bytes_median"] = [int(statistics.median(x)) for x in per_rank]
-            r["rank_asked_bytes_median"] = [int(statistics.median(x)) for x in asked]
-            r["rank_seconds_median"] = [round(statistics.median(x), 3)
-                                        for x in zip(*[[rank[1] for rank in s[2]] for s in runs])]
-            r["produced_bytes"] = sum(rank[4] for rank in runs[0][2])
+            def per_rank(field: int) -> list[float]:             # median over the runs, per rank
+                return [statistics.median(x) for x in zip(*[[rank[field] for rank in s[3]] for s in runs])]
+            r["rank_read_bytes_median"] = [int(x) for x in per_rank(2)]
+            r["rank_asked_bytes_median"] = [int(x) for x in per_rank(3)]
+            r["rank_seconds_median"] = [round(x, 3) for x in per_rank(1)]
+            r["produced_bytes"] = sum(rank[4] for rank in runs[0][3])
         out["methods"][method] = r
     return out
 
@@ -349,15 +358,14 @@ def run_single(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
     for _ in range(args.runs):
         for name, fn in methods.items():                     # alternate so drift hits all alike
             drop_cache(files)
-            before, start = _io_counters(), time.perf_counter()
+            before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
             produced = fn()
             seconds, after = time.perf_counter() - start, _io_counters()
             if name != "safe_open" and produced != text_bytes:     # safe_open returns every tensor
                 raise RuntimeError(f"{name} produced {produced} bytes of tensors, expected {text_bytes}")
-            samples[name].append((seconds, after["read_bytes"] - before["read_bytes"]))
-    base = statistics.median(s for s, _ in samples["plain"])
-    return {"methods": {name: _summary([s for s, _ in runs], [b for _, b in runs], text_bytes, base)
-                        for name, runs in samples.items()}}
+            samples[name].append((seconds, after["read_bytes"] - before["read_bytes"], _cpu_seconds() - cpu))
+    base = statistics.median(s[0] for s in samples["plain"])
+    return {"methods": {name: _summary(runs, text_bytes, base) for name, runs in samples.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,12 +399,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{results['load_average'][1]} after")
     what = f"{args.tp} ranks at once vs one plain read" if args.tp else "one process"
     print(f"{what}; cold cache; {args.runs} runs per method, methods interleaved")
-    print(f"{'method':<15} {'min s':>6} {'median':>7} {'max s':>6} {'read GB':>8} {'read/text':>10} "
+    print(f"{'method':<15} {'min s':>6} {'median':>7} {'max s':>6} {'CPU s':>6} {'read GB':>8} {'read/text':>10} "
           f"{'text GB/s':>10} {'vs plain':>9}")
     for name, r in results["methods"].items():
         print(f"{name:<15} {r['min_seconds']:>6.2f} {r['median_seconds']:>7.2f} {r['max_seconds']:>6.2f} "
-              f"{r['median_read_bytes'] / 1e9:>8.3f} {r['read_vs_text']:>9.3f}x {r['text_gb_per_s']:>10.2f} "
-              f"{r['throughput_vs_plain']:>8.2f}x")
+              f"{r['median_cpu_seconds']:>6.2f} {r['median_read_bytes'] / 1e9:>8.3f} {r['read_vs_text']:>9.4f}x "
+              f"{r['text_gb_per_s']:>10.2f} {r['throughput_vs_plain']:>8.2f}x")
     if args.tp:
         slabs = results["rank_slab_bytes"]
         print(f"per rank (GB, medians): own slab {slabs[0] / 1e9:.3f} each ({sum(slabs) / ckpt.text_bytes:.3f}x "

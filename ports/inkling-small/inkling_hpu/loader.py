@@ -347,7 +347,9 @@ class _FileReader:
             piece = out[start:start + READ_CHUNK_BYTES]
             self.consumed += len(piece)
             self.prefetch.ahead_of(self.consumed)
-            self._check(entry, start + _pread_into(self.fd, piece, offset + start), len(out), offset)
+            got = _pread_into(self.fd, piece, offset + start)
+            if got < len(piece):
+                self._check(entry, start + got, len(out), offset)
 
     def _read_narrow(self, read: _Read) -> torch.Tensor:
         """The rank's slice of a tensor split in small pieces, copied out of a (shared) mapping of
