@@ -9,44 +9,47 @@ from pathlib import Path
 
 import click
 
-from . import engine
+from cookbook import api
+from cookbook.cli import UsageExitGroup
+from cookbook.errors import EXIT_BASE_MISMATCH, EXIT_OK, CookbookError
+from cookbook.profiles import DEFAULT_PROFILE, load_profile
+
+from . import image, probe as probes
+from .docker_io import connect, stderr_log
+from .errors import EXIT_CODES_HELP
 
 
-def _emit_error(exc: engine.BuilderError, as_json: bool):
+def _emit_error(exc: CookbookError, as_json: bool):
     if as_json:
         click.echo(json.dumps({"ok": False, "exit_code": exc.exit_code, "error": str(exc),
-                               **exc.details}, indent=2))
+                               **getattr(exc, "details", {})}, indent=2))
     else:
         click.echo(f"error: {exc}", err=True)
     sys.exit(exc.exit_code)
 
 
-def _log(as_json: bool):
-    # Progress always goes to stderr, so --json leaves stdout to the one JSON object.
-    return engine.stderr_log
-
-
-@click.group(epilog=engine.EXIT_CODES_HELP)
+# Progress always goes to stderr, so --json leaves stdout to the one JSON object.
+@click.group(cls=UsageExitGroup, epilog=EXIT_CODES_HELP)
 def main():
     """Gaudi cookbook image builder (Docker Engine API). Base images are judged by their
     contents: a throw-away container runs the cookbook's probe, never trusting tags or labels."""
 
 
-@main.command(epilog=engine.EXIT_CODES_HELP)
+@main.command(epilog=EXIT_CODES_HELP)
 @click.option("--base", required=True, help="Base image (a stock vllm-gaudi releases/v0.30.0 image).")
-@click.option("--profile", default="v0.30.0", show_default=True,
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Profile name or a profile file inside this repository.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def probe(base, profile, as_json):
     """Report the vLLM and vllm-gaudi commits inside BASE and whether it matches the profile
     (exit 2 if it does not)."""
     try:
-        client = engine.connect()
-        found = engine.probe_image(client, base, profile)
-        problems = engine.judge(profile, found)
-    except engine.BuilderError as exc:
+        loaded = load_profile(profile)
+        found = probes.probe_image(connect(), base, loaded)
+        problems = api.check_probe(loaded, found)
+    except CookbookError as exc:
         _emit_error(exc, as_json)
-    code = engine.EXIT_BASE_MISMATCH if problems else engine.EXIT_OK
+    code = EXIT_BASE_MISMATCH if problems else EXIT_OK
     if as_json:
         click.echo(json.dumps({"ok": not problems, "exit_code": code, "base": base,
                                "profile": profile, "problems": problems, "probe": found}, indent=2))
@@ -60,12 +63,12 @@ def probe(base, profile, as_json):
     sys.exit(code)
 
 
-@main.command("build", epilog=engine.EXIT_CODES_HELP)
+@main.command("build", epilog=EXIT_CODES_HELP)
 @click.option("--base", required=True, help="Base image (a stock vllm-gaudi releases/v0.30.0 image).")
 @click.option("--tag", required=True, help="Tag for the port image.")
-@click.option("--profile", default="v0.30.0", show_default=True,
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Profile the base must match (name, or a profile file inside this repository).")
-@click.option("--port-profile", default=engine.PORT_PROFILE, show_default=True,
+@click.option("--port-profile", default=image.PORT_PROFILE, show_default=True,
               help="The port's one-fix series (its runner patch).")
 @click.option("--no-preflight", is_flag=True, help="Skip the CPU preflight inside the new image.")
 @click.option("--no-cache", is_flag=True, help="Build every step again (a cold build; also re-probes).")
@@ -76,9 +79,9 @@ def build_port_image(base, tag, profile, port_profile, no_preflight, no_cache, r
     """`make image`: probe BASE, refuse it unless it is the profile's, build ports/inkling-small/Dockerfile on
     it, label the result and run the port's preflight inside it."""
     try:
-        result = engine.make_image(base, tag, profile, port_profile, not no_preflight, _log(as_json),
-                                   nocache=no_cache, probe_cache=not reprobe)
-    except engine.BuilderError as exc:
+        result = image.make_image(base, tag, load_profile(profile), load_profile(port_profile),
+                                  not no_preflight, stderr_log, nocache=no_cache, probe_cache=not reprobe)
+    except CookbookError as exc:
         _emit_error(exc, as_json)
     if as_json:
         click.echo(json.dumps({"ok": True, "exit_code": 0, **dataclasses.asdict(result)}, indent=2))
@@ -86,17 +89,17 @@ def build_port_image(base, tag, profile, port_profile, no_preflight, no_cache, r
         click.echo(f"{tag}: {result.image_id[:19]} built on {base} in {result.build_seconds:.1f}s "
                    f"({result.cached_steps}/{result.cacheable_steps} steps from cache); preflight "
                    f"{'passed' if result.preflight else 'not run'}")
-    sys.exit(engine.EXIT_OK)
+    sys.exit(EXIT_OK)
 
 
-@main.command("base-args", epilog=engine.EXIT_CODES_HELP)
-@click.option("--profile", default="v0.30.0", show_default=True)
+@main.command("base-args", epilog=EXIT_CODES_HELP)
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def base_args(profile, as_json):
     """The top-level Dockerfile's build args, from the profile (as --build-arg flags)."""
     try:
-        args = engine.base_buildargs(profile)
-    except engine.BuilderError as exc:
+        args = image.base_buildargs(load_profile(profile))
+    except CookbookError as exc:
         _emit_error(exc, as_json)
     if as_json:
         click.echo(json.dumps(args, indent=2))
@@ -104,11 +107,11 @@ def base_args(profile, as_json):
         click.echo(" ".join(f"--build-arg {k}={v}" for k, v in args.items()))
 
 
-@main.command(epilog=engine.EXIT_CODES_HELP)
+@main.command(epilog=EXIT_CODES_HELP)
 @click.option("--base-image", required=True,
               help="Habana's PyTorch installer image for the profile's Gaudi SW release.")
 @click.option("--tag", required=True)
-@click.option("--profile", default="v0.30.0", show_default=True)
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--vllm-src", type=click.Path(exists=True, file_okay=False),
               help="Local vLLM tree instead of a clone at the profile's commit.")
 @click.option("--vllm-gaudi-src", type=click.Path(exists=True, file_okay=False),
@@ -117,11 +120,10 @@ def base_args(profile, as_json):
 def base(base_image, tag, profile, vllm_src, vllm_gaudi_src, as_json):
     """Build the stock releases/v0.30.0 base (top-level Dockerfile) with the profile's pins."""
     try:
-        client = engine.connect()
-        result = engine.build_stock_base(client, base_image, tag, profile,
-                                         Path(vllm_src) if vllm_src else None,
-                                         Path(vllm_gaudi_src) if vllm_gaudi_src else None)
-    except engine.BuilderError as exc:
+        result = image.build_stock_base(connect(), base_image, tag, load_profile(profile),
+                                        Path(vllm_src) if vllm_src else None,
+                                        Path(vllm_gaudi_src) if vllm_gaudi_src else None)
+    except CookbookError as exc:
         _emit_error(exc, as_json)
     if as_json:
         click.echo(json.dumps({"ok": True, "exit_code": 0, "tag": tag, "image_id": result.image_id,

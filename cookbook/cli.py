@@ -20,21 +20,16 @@ failed (the tree is unchanged), 2 base mismatch (a commit is not the profile's),
 error."""
 
 
-class DefaultGroup(click.Group):
-    """A group whose first argument, when it is not a sub-command, goes to `apply`; click's own
-    usage errors exit with the documented usage code (3), not click's 2 (our base mismatch)."""
-
-    def parse_args(self, ctx, args):
-        if not args or args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            args = ["apply", *args]
-        return super().parse_args(ctx, args)
+class UsageExitGroup(click.Group):
+    """click's own usage errors exit with the documented usage code (3), not click's 2 (our base
+    mismatch); with --json they are one JSON object on stdout like every other error."""
 
     def main(self, args=None, *rest, **kwargs):
         argv = sys.argv[1:] if args is None else list(args)
         try:
             return super().main(argv, *rest, standalone_mode=False, **kwargs)
         except click.ClickException as exc:  # usage errors included
-            if "--json" in argv:  # a program asked for JSON: it gets JSON, even for bad arguments
+            if "--json" in argv:
                 click.echo(json.dumps({"ok": False, "exit_code": EXIT_USAGE, "error": exc.format_message()}))
             else:
                 exc.show()
@@ -42,6 +37,15 @@ class DefaultGroup(click.Group):
         except click.Abort:
             click.echo("aborted", err=True)
             sys.exit(EXIT_FIX_FAILED)
+
+
+class DefaultGroup(UsageExitGroup):
+    """A group whose first argument, when it is not a sub-command, goes to `apply`."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["apply", *args]
+        return super().parse_args(ctx, args)
 
 
 def _roots(vllm_root, vllm_gaudi_root):

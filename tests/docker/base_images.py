@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import io
 import json
 import os
 import re

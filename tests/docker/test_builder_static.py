@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from builder import engine
+from builder import image, probe
 from cookbook import api
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,9 +31,8 @@ def test_test_profiles_change_only_the_vllm_gaudi_pin():
 def test_stock_dockerfile_args_come_from_the_profile():
     dockerfile = (REPO / "Dockerfile").read_text()
     declared = set(re.findall(r"^ARG (\w+)\s*$", dockerfile, re.M))  # no default: must be given
-    given = set(engine.base_buildargs("v0.30.0")) | {"BASE_IMAGE"}
-    assert declared == given
-    pins = engine.base_buildargs("v0.30.0")
+    pins = image.base_buildargs(api.load_profile("v0.30.0"))
+    assert declared == set(pins) | {"BASE_IMAGE"}
     profile = yaml.safe_load((REPO / "profiles/v0.30.0.yaml").read_text())
     assert pins["VLLM_COMMIT"] == profile["targets"]["vllm"]["commit"]
     assert pins["VLLM_GAUDI_COMMIT"] == profile["targets"]["vllm-gaudi"]["commit"]
@@ -43,11 +42,18 @@ def test_stock_dockerfile_args_come_from_the_profile():
         assert pins["VLLM_COMMIT"][:7] not in text and pins["VLLM_GAUDI_COMMIT"] not in text
 
 
-def test_probe_payload_is_the_cookbook_package_only():
-    with tarfile.open(fileobj=io.BytesIO(engine.cookbook_tar())) as tar:
+def test_probe_payload_is_what_the_probe_runs_and_nothing_else():
+    """The payload (and so the probe cache's key) is the probe and the modules it imports: an edit
+    to the CLI or the series does not drop the cached probes."""
+    with tarfile.open(fileobj=io.BytesIO(probe.payload())) as tar:
         names = tar.getnames()
-    assert "cookbook/probe.py" in names and "cookbook/sources.py" in names
-    assert all(re.fullmatch(r"cookbook/\w+\.py", n) for n in names)
+    assert names == ["cookbook/__init__.py", "cookbook/probe.py", "cookbook/sources.py", "cookbook/gitcmd.py"]
+    imported = set()
+    for name in names:
+        text = (REPO / name).read_text()
+        imported |= {m for pair in re.findall(r"^from \.(\w+) import|^from \. import (\w+)", text, re.M) for m in pair if m}
+    assert {f"cookbook/{m}.py" for m in imported} <= set(names)
+    assert probe.payload() == probe.payload()  # reproducible: the cache key is stable
 
 
 def test_cli_help_documents_exit_codes():

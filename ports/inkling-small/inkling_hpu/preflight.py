@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""The port's CPU preflight, run inside a freshly built image (no network, no accelerator):
+"""The port's CPU preflight, run inside a freshly built image (no network, no accelerator), from
+the repository the image carries (the cookbook library comes from there):
 
-    python3 /opt/gaudi-cookbook/builder/preflight.py [--profile v0.30.0] [--port-profile P] [--json]
+    cd /opt/gaudi-cookbook && python3 -m inkling_hpu.preflight [--profile P] [--port-profile P] [--json]
 
 Checks, with the cookbook library the image carries: both commits are the profile's; the port's
 runner patch is in place (a dry run finds it already applied) and stamped; `inkling_hpu` is
@@ -17,17 +17,15 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from cookbook import api, sources, stamp
+from cookbook.profiles import DEFAULT_PROFILE, REPO_ROOT
 
-PORT = REPO / "ports" / "inkling-small"
+PORT = REPO_ROOT / "ports" / "inkling-small"
+PORT_PROFILE = "ports/inkling-small/patches/port.yaml"
 
 
 def check_commits(profile: str) -> tuple[str, str]:
-    from cookbook import api
-
     results = api.identify(api.load_profile(profile), {})
     bad = [f"{t.name}: expected {t.pin}, found {t.commit} ({t.how})" for t in results if not t.matches]
     if bad:
@@ -36,8 +34,6 @@ def check_commits(profile: str) -> tuple[str, str]:
 
 
 def check_port_patch(port_profile: str) -> tuple[str, str]:
-    from cookbook import api
-
     report = api.run(api.load_profile(port_profile), {}, [], mode="check")
     if not report.ok:
         return "fail", report.error
@@ -49,19 +45,17 @@ def check_port_patch(port_profile: str) -> tuple[str, str]:
 
 
 def check_stamp(port_profile: str) -> tuple[str, str]:
-    from cookbook import api, sources
-
     profile = api.load_profile(port_profile)
     found = []
-    for target in {t for name in profile.all_fixes for t in profile.fix(name).targets}:
+    for target in sorted({t for name in profile.all_fixes for t in profile.fix(name).targets}):
         package = profile.targets[target].package
         root = sources.locate(package)
-        stamp = root / package / "cookbook-fixes.json" if root else None
-        if not stamp or not stamp.exists():
-            return "fail", f"{target}: no stamp {stamp}"
-        if profile.name not in json.loads(stamp.read_text()).get("profiles", {}):
-            return "fail", f"{stamp} does not record profile {profile.name}"
-        found.append(str(stamp))
+        path = stamp.path(root, package) if root else None
+        if not path or not path.exists():
+            return "fail", f"{target}: no stamp {path}"
+        if profile.name not in stamp.read(path).get("profiles", {}):
+            return "fail", f"{path} does not record profile {profile.name}"
+        found.append(str(path))
     return "pass", ", ".join(found)
 
 
@@ -78,19 +72,9 @@ def check_plugin() -> tuple[str, str]:
 
 def read_stamps(profile: str) -> dict:
     """{target: {path, sha256, stamp}} for every target whose package carries a fix stamp."""
-    import hashlib
-
-    from cookbook import api, sources
-
-    out = {}
-    for target, pin in api.load_profile(profile).targets.items():
-        root = sources.locate(pin.package)
-        stamp = root / pin.package / "cookbook-fixes.json" if root else None
-        if stamp and stamp.exists():
-            data = stamp.read_bytes()
-            out[target] = {"path": str(stamp), "sha256": hashlib.sha256(data).hexdigest(),
-                           "stamp": json.loads(data)}
-    return out
+    packages = {t: pin.package for t, pin in api.load_profile(profile).targets.items()}
+    found = stamp.installed(list(packages.values()))
+    return {t: found[package] for t, package in packages.items() if package in found}
 
 
 def run_cpu_tests() -> tuple[str, str]:
@@ -108,12 +92,12 @@ def run_cpu_tests() -> tuple[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="v0.30.0")
-    parser.add_argument("--port-profile", default="ports/inkling-small/patches/port.yaml")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE)
+    parser.add_argument("--port-profile", default=PORT_PROFILE)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    port_profile = str(REPO / args.port_profile) if args.port_profile.endswith(".yaml") else args.port_profile
-    profile = str(REPO / args.profile) if args.profile.endswith(".yaml") else args.profile
+    port_profile = str(REPO_ROOT / args.port_profile) if args.port_profile.endswith(".yaml") else args.port_profile
+    profile = str(REPO_ROOT / args.profile) if args.profile.endswith(".yaml") else args.profile
     checks = []
     for name, func in (("commits", lambda: check_commits(profile)),
                        ("port runner patch", lambda: check_port_patch(port_profile)),
