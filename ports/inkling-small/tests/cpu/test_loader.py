@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inkling_hpu import loader
 from inkling_hpu.loader import CheckpointError, TensorSpec, TextCheckpoint
 
 H = 64
@@ -52,12 +55,47 @@ def checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return tmp_path, text
 
 
+def _io(field: str) -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/io")
+
+
 def _rchar() -> int:
     """Bytes this process read through read()/pread() so far (page cache included)."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no rchar in /proc/self/io")
+    return _io("rchar")
+
+
+def _drop_from_page_cache(directory: Path) -> None:
+    for path in directory.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _assert_equal_to_safe_open(ckpt_dir: Path, loaded: dict[str, torch.Tensor]) -> None:
+    seen = set()
+    for f in ckpt_dir.glob("*.safetensors"):
+        with safe_open(f, framework="pt") as st:
+            for name in st.keys():
+                if name in loaded:
+                    expected = st.get_tensor(name)
+                    assert loaded[name].dtype == expected.dtype and torch.equal(loaded[name], expected), name
+                    seen.add(name)
+    assert seen == set(loaded)
+
+
+@pytest.fixture()
+def small_chunks(monkeypatch):
+    """Reads in many chunks and a prefetch window of a few calls, so the chunk and window
+    bookkeeping runs on tensors this small."""
+    monkeypatch.setattr(loader, "READ_CHUNK_BYTES", 3 * 4096)
+    monkeypatch.setattr(loader, "PREFETCH_CALL_BYTES", 4096)
+    monkeypatch.setattr(loader, "PREFETCH_BYTES", 5 * 4096)
 
 
 def test_loads_text_tensors_bit_exact_against_safe_open(checkpoint):
@@ -70,6 +108,44 @@ def test_loads_text_tensors_bit_exact_against_safe_open(checkpoint):
                 if name in loaded:
                     assert loaded[name].dtype == st.get_tensor(name).dtype
                     assert torch.equal(loaded[name], st.get_tensor(name)), name
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_every_read_path_matches_safe_open_in_small_chunks(checkpoint, small_chunks, direct):
+    ckpt_dir, _ = checkpoint
+    _assert_equal_to_safe_open(ckpt_dir, dict(TextCheckpoint(ckpt_dir).load(direct=direct)))
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_cold_load_reads_only_the_text_pages_from_storage(checkpoint, direct):
+    """With the files out of the page cache, storage reads (/proc/self/io read_bytes, readahead
+    included) stay within the text ranges rounded out to 4 KiB pages: readahead would run into
+    the 8 MiB skipped tensors next to them."""
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    _drop_from_page_cache(ckpt_dir)
+    before = _io("read_bytes")
+    loaded = dict(ckpt.load(direct=direct))
+    read = _io("read_bytes") - before
+    assert len(loaded) == 6
+    assert read <= ckpt.text_bytes + 2 * 4096 * len(loaded), (read, ckpt.text_bytes)
+
+
+def test_file_system_without_o_direct_is_read_buffered(checkpoint, small_chunks, tmp_path_factory):
+    """ramfs refuses O_DIRECT (tmpfs accepts it since Linux 6.6): direct=True then reads through
+    the page cache, same tensors. Mounting it needs root."""
+    ckpt_dir, _ = checkpoint
+    mount = tmp_path_factory.mktemp("ramfs")
+    if subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a ramfs here (needs root)")
+    try:
+        for f in ckpt_dir.iterdir():
+            shutil.copy(f, mount / f.name)
+        with pytest.raises(OSError):
+            os.open(mount / "mtp.safetensors", os.O_RDONLY | os.O_DIRECT)
+        _assert_equal_to_safe_open(mount, dict(TextCheckpoint(mount).load(direct=True)))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_skipped_tensors_bytes_are_never_read(checkpoint):
@@ -94,8 +170,9 @@ def test_headers_alone_are_read_to_index_the_checkpoint(checkpoint):
     assert _rchar() - before < (64 << 10)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_tensor_parallel_shards_reassemble_the_full_tensor(checkpoint, world_size):
+def test_tensor_parallel_shards_reassemble_the_full_tensor(checkpoint, world_size, direct):
     ckpt_dir, text = checkpoint
     specs = [
         TensorSpec("model.llm.embed.weight", (96, H)),                                  # replicated
@@ -106,7 +183,7 @@ def test_tensor_parallel_shards_reassemble_the_full_tensor(checkpoint, world_siz
         TensorSpec("model.llm.layers.0.mlp.experts.w13_weight", (2, 8, 1 << 17), shard_dim=1),  # 1 MiB pieces
     ]
     ckpt = TextCheckpoint(ckpt_dir)
-    per_rank = [dict(ckpt.load(specs, rank=r, world_size=world_size)) for r in range(world_size)]
+    per_rank = [dict(ckpt.load(specs, rank=r, world_size=world_size, direct=direct)) for r in range(world_size)]
     for spec in specs:
         parts = [p[spec.name] for p in per_rank]
         if spec.shard_dim is None:
@@ -169,6 +246,20 @@ def test_file_truncated_after_indexing_fails_while_reading(checkpoint):
     os.truncate(ckpt_dir / "model-00002-of-00002.safetensors", 1000)
     with pytest.raises(CheckpointError, match="truncated while reading"):
         list(ckpt.load())
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_truncated_file_fails_on_the_small_piece_slab_path(checkpoint, direct):
+    """A slab taken from the whole tensor (pieces under MIN_STRIDED_PIECE_BYTES) checks the file
+    size before mapping it: an error, not a SIGBUS."""
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    entry = ckpt.text["model.llm.layers.0.attn.wo_ud.weight"]
+    os.truncate(entry.file, entry.begin + 100)
+    spec = TensorSpec(entry.name, (H, 128), shard_dim=1)
+    with pytest.raises(CheckpointError, match=r"truncated while reading model\.llm\.layers\.0\.attn\.wo_ud\.weight: "
+                                              r"got 100 of 16384 bytes"):
+        list(ckpt.load([spec], rank=1, world_size=2, allow_unexpected=True, direct=direct))
 
 
 def test_garbage_header_length_is_refused(tmp_path):
