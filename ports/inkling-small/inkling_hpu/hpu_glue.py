@@ -84,14 +84,20 @@ class HpuInklingForCausalLM(nn.Module):
         self.inkling = InklingForCausalLM(self.config, tp=self.tp)
         self.inkling.cast(vllm_config.model_config.dtype)
         self.block_size = vllm_config.cache_config.block_size
-        # One vLLM Attention per layer: it only holds the layer's KV cache (never called).
+        # One vLLM Attention per layer: it only holds the layer's KV cache (never called). Each
+        # declares the bytes of conv state the layer keeps per KV block, which the runner patch
+        # conv-snapshot-pages adds to the layer's KV page (vLLM sizes the pool with them).
         self.kv_holders = nn.ModuleList()
+        dtype_bytes = torch.empty(0, dtype=self.inkling.dtype).element_size()
+        taps = self.config.conv_kernel_size - 1
         for i, layer in enumerate(self.inkling.model.layers):
             attn = layer.self_attn
-            self.kv_holders.append(Attention(
+            holder = Attention(
                 num_heads=attn.num_heads, head_size=attn.head_dim, scale=1.0 / attn.head_dim,
                 num_kv_heads=attn.num_key_value_heads, cache_config=vllm_config.cache_config,
-                prefix=f"{prefix}model.layers.{i}.self_attn.attn"))
+                prefix=f"{prefix}model.layers.{i}.self_attn.attn")
+            holder.extra_bytes_per_block = taps * sum(self.inkling.conv_channels(i).values()) * dtype_bytes
+            self.kv_holders.append(holder)
         # Conv state per KV block (docs/caches.md), allocated next to the bound KV cache.
         self._conv_state: list[dict[str, torch.Tensor]] | None = None
         self._logged_kv_line = False
@@ -141,6 +147,11 @@ class HpuInklingForCausalLM(nn.Module):
                 raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
             logger.info("Inkling KV cache: 1 KV group (FullAttentionSpecx%d); %s", len(layers),
                         guards.kv_pool_line(pad_block, self.block_size, max_model_len))
+            shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim)
+                      for layer in self.inkling.model.layers]
+            logger.info("Inkling %s", guards.conv_snapshot_line(
+                shapes, self.config.hidden_size, self.config.conv_kernel_size, self.block_size,
+                torch.empty(0, dtype=self.inkling.dtype).element_size(), pad_block))
             self._logged_kv_line = True
         return InklingCaches(block_size=self.block_size, layers=layers), pad_block
 
