@@ -32,7 +32,7 @@ check:
 	@venv=$$(bash tools/test_env.sh); src=$(VLLM_SRC); gaudi=$(GAUDI_SRC); \
 	for profile in profiles/*.yaml ports/inkling-small/patches/port.yaml; do \
 	  [ -f "$$profile" ] || continue; \
-	  targets=$$($$venv/bin/python -c "import sys; sys.path.insert(0,'.'); from cookbook.api import load_profile; print(' '.join(load_profile('$$profile').targets))"); \
+	  targets=$$($$venv/bin/python -c "from cookbook.api import load_profile; print(' '.join(load_profile('$$profile').targets))"); \
 	  args=""; \
 	  for t in $$targets; do \
 	    case $$t in \

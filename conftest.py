@@ -3,15 +3,11 @@ never committed."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent
-sys.path.insert(0, str(REPO))
-
-from cookbook import upstream  # noqa: E402
+from cookbook import upstream
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ rebuild after editing one fix's metadata. Prints the median of each, the ratios 
 build, and the size of the layers the port adds to the base. Aims: no-change rebuild under 10% of
 the cold build; port layers under 50 MB.
 
-Without --base it makes the docker tests' stock-layout base (tests/docker/base_images.py: needs
+Without --base it makes the docker tests' stock-layout base (tests/builder/base_images.py: needs
 a running Docker engine, and VLLM_GAUDI_SRC or VLLM_GAUDI_MIRROR for the runner patch to apply).
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "docker"))
 
-TEST_PROFILE = "tests/docker/profiles/test-base.yaml"
-TEST_PORT_PROFILE = "tests/docker/profiles/port-test-base.yaml"
+TEST_PROFILE = "tests/builder/profiles/test-base.yaml"
+TEST_PORT_PROFILE = "tests/builder/profiles/port-test-base.yaml"
 EDITED_FIX = "fixes/prompt-order/fix.yaml"
 
 
@@ -73,7 +73,7 @@ def port_layers(client, image: str, base: str) -> list[tuple[str, int]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--base", help="a base image that matches tests/docker/profiles/test-base.yaml")
+    parser.add_argument("--base", help="a base image that matches tests/builder/profiles/test-base.yaml")
     args = parser.parse_args()
 
     import docker

@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 torch_pin="torch==2.13.0"
-vllm_src=$("$python" -c "import sys; sys.path.insert(0, '$here'); from cookbook.upstream import vllm_source; print(vllm_source('0.30.0'))")
+vllm_src=$(cd "$here" && "$python" -m cookbook.upstream 0.30.0)
 key=$( { "$python" --version; echo "$torch_pin"; cat "$here/requirements/cookbook.txt" "$here/requirements/test.txt" "$vllm_src/requirements/common.txt"; } | sha256sum | cut -c1-12)
 venv=${COOKBOOK_CACHE:-$HOME/.cache/gaudi-cookbook}/venv-$key
 if [ ! -f "$venv/.complete" ]; then

@@ -2,7 +2,7 @@
 
 The builder runs as users run it (`python3 -m builder build ...`, what `make image` calls).
 Because releases/v0.30.0 (058f107) is not public, the matching base carries vllm-gaudi main at
-091bbadd and is judged against tests/docker/profiles/test-base.yaml (v0.30.0 with that one pin
+091bbadd and is judged against tests/builder/profiles/test-base.yaml (v0.30.0 with that one pin
 changed); the real v0.30.0 profile must refuse the same base.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 import base_images
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_PROFILE = "tests/docker/profiles/test-base.yaml"
-TEST_PORT_PROFILE = "tests/docker/profiles/port-test-base.yaml"
+TEST_PROFILE = "tests/builder/profiles/test-base.yaml"
+TEST_PORT_PROFILE = "tests/builder/profiles/port-test-base.yaml"
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -6,11 +6,10 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from test_apply import APPLY_ALL, FIXTURES, make_tree, tree_hash
+from cookbook_trees import APPLY_ALL, FIXTURES, make_tree, tree_hash
 
 PROFILE = FIXTURES / "profile-two-trees.yaml"
 
@@ -49,13 +48,14 @@ def test_failure_in_one_tree_leaves_both_unchanged(trees):
 def test_sigkill_across_two_trees_is_recovered(trees):
     vllm, gaudi = trees
     before = tree_hash(vllm), tree_hash(gaudi)
-    code = ("import sys; sys.path.insert(0, %r); from cookbook import series; "
-            "from cookbook.profiles import load_profile; from pathlib import Path; "
+    # The library in process (the pin is not checked: the gaudi tree is a fresh checkout).
+    code = ("from cookbook import series; from cookbook.profiles import load_profile; from pathlib import Path; "
             "p = load_profile(%r); "
             "series.run(p, {'vllm': Path(%r), 'vllm-gaudi': Path(%r)}, [], check_pin=False)"
-            % (str(APPLY_ALL.parents[1]), str(PROFILE), str(vllm), str(gaudi)))
+            % (str(PROFILE), str(vllm), str(gaudi)))
     env = dict(os.environ, COOKBOOK_TEST_KILL_AFTER_WRITES="2")
-    killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
+    killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120,
+                            cwd=APPLY_ALL.parents[1])
     assert killed.returncode == -signal.SIGKILL
     assert (tree_hash(vllm), tree_hash(gaudi)) != before
     # Each tree holds its own journal (paths relative to it) with the run's id. A run on one

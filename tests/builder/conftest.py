@@ -5,16 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import base_images  # noqa: E402
+import base_images  # this folder is on sys.path: pytest puts a conftest's folder there
 
 DOCKERD_ARGS = ["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
 
