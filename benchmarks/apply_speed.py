@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cookbook import series, upstream  # noqa: E402
-from cookbook.profiles import load_profile  # noqa: E402
+from cookbook.profiles import DEFAULT_PROFILE, load_profile  # noqa: E402
 
 
 def fresh_roots(profile, sources: dict[str, Path], scratch: Path) -> dict[str, Path]:
@@ -45,7 +45,7 @@ def timed(func) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="v0.30.0")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
 

@@ -48,9 +48,7 @@ class TargetPin:
 @dataclass(frozen=True)
 class PatchRef:
     target: str
-    path: Path  # absolute path of the .patch file
-    base: str
-    base_ref: str
+    path: Path  # absolute path of the .patch file (its `base` commit is metadata for people)
 
 
 @dataclass
@@ -278,8 +276,7 @@ def load_fix(folder: Path, targets: dict[str, TargetPin]) -> Fix:
             raise ProfileError(f"{meta_path}: patch file {entry['file']!r} is outside {folder}")
         if not patch_path.is_file():
             raise ProfileError(f"{meta_path}: patch file {patch_path} does not exist")
-        patches.append(PatchRef(target=entry["target"], path=patch_path, base=str(entry["base"]),
-                                base_ref=str(entry.get("base-ref", ""))))
+        patches.append(PatchRef(target=entry["target"], path=patch_path))
     return Fix(name=folder.name, folder=folder, title=title, targets=fix_targets, patches=patches,
                requires=_expect(meta.get("requires"), list, f"{meta_path}: requires", []),
                conflicts=_expect(meta.get("conflicts"), list, f"{meta_path}: conflicts", []), meta=meta)
