@@ -51,8 +51,7 @@ def labels_for(profile, probe: dict, stamps: dict, base: str, base_id: str) -> d
     fixes = []
     for target_stamp in stamps.values():
         for prof in target_stamp["stamp"].get("profiles", {}).values():
-            fixes += [f["name"] for f in prof.get("fixes", [])
-                      if f.get("status") in ("applied", "patched", "already applied") and f["name"] not in fixes]
+            fixes += [f["name"] for f in prof.get("fixes", []) if f["name"] not in fixes]  # all applied
     labels = {
         "org.opencontainers.image.title": "Inkling-Small on Gaudi 2 (vLLM + vllm-gaudi)",
         "org.opencontainers.image.description": "The inkling_hpu port installed by install.sh on a "
