@@ -260,7 +260,7 @@ def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
     journals = {root: root / JOURNAL for root in journals}
 
     kill_after = int(os.environ.get(FAULT_ENV, "0") or 0)
-    written = 0
+    written, folders = 0, set()
     try:
         for root, rels in per_root.items():
             for rel in rels:
@@ -272,10 +272,12 @@ def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     owner = os.stat(path) if path.exists() else None
                     _write_bytes(path, *new, (owner.st_uid, owner.st_gid) if owner else None)
-                _fsync_dir(path.parent if path.parent.exists() else root)
+                folders.add(path.parent if path.parent.exists() else root)
                 written += 1
                 if kill_after and written >= kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
+        for folder in folders:  # the renames reach the disk before the journal goes
+            _fsync_dir(folder)
     except BaseException as exc:
         for root, journal in journals.items():
             _restore(root, journal)

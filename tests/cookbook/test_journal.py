@@ -242,3 +242,7 @@ def test_journal_and_written_files_reach_the_disk(tree, monkeypatch):
     for i, (kind, path) in enumerate(events):
         if kind == "replace":
             assert events[i - 1] == ("fsync", str(Path(path).with_name(f".{Path(path).name}.cookbook-tmp")))
+    last_write = max(i for i, e in enumerate(events) if e[0] == "replace")
+    discarded = next(i for i, e in enumerate(events) if e[0] == "rename" and ".done-" in e[1])
+    synced = {path for kind, path in events[last_write:discarded] if kind == "fsync"}
+    assert {str(tree / "vllm"), str(tree / "vllm/v1/core/sched")} <= synced  # the folders written to
