@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from . import journal, patchfile, sources, stamp
@@ -89,9 +90,12 @@ SCRATCH_PREFIX = "cookbook-scratch-"
 
 
 def _remove_stale_scratch() -> None:
-    """Remove the scratch folders of killed runs: those whose lock nobody holds."""
+    """Remove the scratch folders of killed runs: those whose lock nobody holds (and not just made:
+    a run creates its folder an instant before it locks it)."""
     for folder in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
         try:
+            if time.time() - folder.stat().st_mtime < 60:
+                continue
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             continue
