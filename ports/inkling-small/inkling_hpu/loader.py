@@ -4,9 +4,10 @@ The checkpoint also carries the vision tower (`model.visual.*`), the audio tower
 and the MTP draft head (`model.mtp.*`). The port serves text only, so their bytes are never read:
 the loader parses each safetensors header (8-byte length + JSON), then reads only the byte ranges
 of the tensors it needs, and for a tensor-parallel rank only that rank's slice where the slice is
-contiguous (or a few large contiguous pieces). Reads use O_DIRECT where the filesystem has it, so
-the kernel's readahead cannot run past a text range into the skipped tensors
-(benchmarks/text_only_load.py measures bytes read and throughput).
+contiguous (or a few large contiguous pieces). Reads are buffered with the kernel's readahead off
+and exactly the planned ranges prefetched, so nothing runs past a text range into the skipped
+tensors; O_DIRECT is an option (direct=True). benchmarks/text_only_load.py measures bytes read
+and throughput against a plain read, in one process and with 8 ranks at once.
 
 Safetensors layout: u64 little-endian header length N, N bytes of JSON {name: {dtype, shape,
 data_offsets: [begin, end]}, "__metadata__": {...}}, then the data section; offsets are relative
@@ -40,18 +41,21 @@ SAFETENSORS_DTYPES = {
 }
 
 # Strided shards (sharded on a dim > 0) are read piece by piece when each piece is at least this
-# big; smaller pieces would cost more in syscalls than reading the whole tensor once.
+# big; for smaller pieces the rank copies its slice out of a mapping of the whole tensor.
 MIN_STRIDED_PIECE_BYTES = 1 << 20
-# Large ranges are read in chunks of READ_CHUNK_BYTES. Buffered reads ask for the planned ranges
-# PREFETCH_BYTES ahead of the copy; O_DIRECT (offsets, lengths and buffers aligned to DIRECT_ALIGN)
-# keeps READ_THREADS chunks in flight.
+# Large ranges are read in chunks of READ_CHUNK_BYTES. Buffered reads go through the kernel's
+# readahead except the last READAHEAD_TAIL_BYTES of each contiguous run, and the ranges read
+# exactly are asked for PREFETCH_BYTES ahead of the copy, in calls of PREFETCH_CALL_BYTES; the
+# window must exceed how far readahead runs ahead (16.8 MiB measured at read_ahead_kb 8192), yet
+# stays small so storage sees one near-sequential stream (32 MiB measured best of 24-128 MiB).
+# O_DIRECT (offsets, lengths and buffers aligned to DIRECT_ALIGN) keeps READ_THREADS chunks in flight.
 READ_CHUNK_BYTES = 8 << 20
-PREFETCH_BYTES = 128 << 20
+PREFETCH_BYTES = 32 << 20
 PREFETCH_CALL_BYTES = 2 << 20
+READAHEAD_TAIL_BYTES = 64 << 20
 DIRECT_ALIGN = 4096
 READ_THREADS = 8
 HUGE_PAGE = 2 << 20
-HUGE_PAGES = True
 # Upper bound on a sane header (safetensors itself refuses more than 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 
@@ -279,23 +283,25 @@ def _fadvise(fd: int, offset: int, length: int, advice: int) -> None:
 class _FileReader:
     """Reads the planned byte ranges of one file, and (within a 4 KiB page) only those.
 
-    Buffered (the default): readahead is off for the file (POSIX_FADV_RANDOM), so it cannot run
-    past a text range into the skipped tower tensors, and the planned ranges are asked for ahead
-    of the copy (POSIX_FADV_WILLNEED, PREFETCH_BYTES ahead), which keeps many requests in flight
-    without threads. Ranks of a tensor-parallel group share what they all read (replicated
+    Buffered (the default): the body of each long contiguous run goes through the kernel's
+    readahead (one sequential stream, large folios); everything else, including the tail of each
+    run, through a descriptor with readahead off (POSIX_FADV_RANDOM) whose exact pages are asked
+    for ahead of the copy (POSIX_FADV_WILLNEED), so no read runs past a text range into the
+    skipped tower tensors. Ranks of a tensor-parallel group share what they all read (replicated
     tensors, tensors split in pieces too small to read one by one) in the page cache, so storage
     sees those bytes once. The small-piece slabs are taken through a mapping of the file: a rank
     copies only its own elements, not the whole tensor.
 
     direct=True: the rank's own slabs go by O_DIRECT, READ_THREADS requests of READ_CHUNK_BYTES
     in flight, straight into the tensors (shared bytes still go through the page cache); file
-    systems without O_DIRECT (e.g. tmpfs) are read buffered."""
+    systems without O_DIRECT (e.g. ramfs) are read buffered."""
 
     def __init__(self, path: Path, reads: list[_Read], pool: ThreadPoolExecutor | None):
         self.path = path
         self.pool = pool
         self.fd = os.open(path, os.O_RDONLY)
         _fadvise(self.fd, 0, 0, getattr(os, "POSIX_FADV_RANDOM", 0))
+        self.readahead_fd = os.open(path, os.O_RDONLY)
         self.direct_fd = None
         if pool is not None:
             try:
@@ -303,8 +309,18 @@ class _FileReader:
             except OSError:
                 pass
         self.map: mmap.mmap | None = None
-        self.prefetch = _Prefetch(self.fd, [r for read in reads if not self._direct(read) for r in read.ranges])
-        self.consumed = 0          # planned buffered bytes copied so far, for the prefetch window
+        buffered = [read for read in reads if not self._direct(read)]
+        self.readahead_end = _readahead_ends(buffered)
+        # The exact parts, with their place in the order of the copy, for the prefetch.
+        exact, position = [], 0
+        for read in buffered:
+            for offset, length in read.ranges:
+                cut = self.readahead_end.get(offset, offset)
+                if cut < offset + length:
+                    exact.append((position + cut - offset, cut, offset + length - cut))
+                position += length
+        self.prefetch = _Prefetch(self.fd, exact)
+        self.consumed = 0          # buffered bytes copied so far, in the same order
 
     def __enter__(self) -> "_FileReader":
         return self
@@ -317,6 +333,7 @@ class _FileReader:
                 pass
         if self.direct_fd is not None:
             os.close(self.direct_fd)
+        os.close(self.readahead_fd)
         os.close(self.fd)
 
     def _direct(self, read: _Read) -> bool:
@@ -343,13 +360,16 @@ class _FileReader:
                                   f"{needed} bytes at offset {offset}")
 
     def _read_buffered(self, entry: TensorEntry, out: memoryview, offset: int) -> None:
+        cut = self.readahead_end.get(offset, offset) - offset     # bytes before it: kernel readahead
         for start in range(0, len(out), READ_CHUNK_BYTES):
-            piece = out[start:start + READ_CHUNK_BYTES]
-            self.consumed += len(piece)
+            end = min(start + READ_CHUNK_BYTES, len(out))
+            self.consumed += end - start
             self.prefetch.ahead_of(self.consumed)
-            got = _pread_into(self.fd, piece, offset + start)
-            if got < len(piece):
-                self._check(entry, start + got, len(out), offset)
+            for fd, begin, stop in ((self.readahead_fd, start, min(end, cut)), (self.fd, max(start, cut), end)):
+                if begin < stop:
+                    got = _pread_into(fd, out[begin:stop], offset + begin)
+                    if got < stop - begin:
+                        self._check(entry, begin + got, len(out), offset)
 
     def _read_narrow(self, read: _Read) -> torch.Tensor:
         """The rank's slice of a tensor split in small pieces, copied out of a (shared) mapping of
@@ -410,7 +430,7 @@ def _empty(nbytes: int) -> torch.Tensor:
     """Fresh uint8 memory for a read, 4 KiB aligned, and when large in 2 MiB pages
     (MADV_HUGEPAGE): faulting it in costs 512x fewer page faults, and an O_DIRECT request to
     it needs fewer segments."""
-    if not HUGE_PAGES or nbytes < 2 * HUGE_PAGE:
+    if nbytes < 2 * HUGE_PAGE:
         raw = torch.empty(nbytes + DIRECT_ALIGN, dtype=torch.uint8)
         shift = -raw.data_ptr() % DIRECT_ALIGN
         return raw[shift:shift + nbytes]
@@ -434,27 +454,46 @@ def _madvise_hugepage(address: int, length: int) -> None:
 _LIBC = None
 
 
-class _Prefetch:
-    """Asks the kernel to start reading the planned ranges of one file (in file order) up to
-    PREFETCH_BYTES ahead of the copy. POSIX_FADV_WILLNEED only queues the reads; the kernel caps
-    one call at the readahead size, hence calls of PREFETCH_CALL_BYTES."""
+def _readahead_ends(reads: list[_Read]) -> dict[int, int]:
+    """{range offset: where its kernel-readahead part ends} for ranges in long contiguous runs.
 
-    def __init__(self, fd: int, ranges: list[tuple[int, int]]):
+    Readahead is cheaper than asking for each page (large folios, no extra calls) but runs ahead
+    of the read, up to about twice read_ahead_kb (16.8 MiB measured at 8 MiB); so each run of
+    adjacent ranges ends with READAHEAD_TAIL_BYTES read exactly, prefetched before the readahead
+    gets there (the readahead then stops at the cached pages). Mapped slabs are never in a run."""
+    runs: list[list[tuple[int, int]]] = []                # adjacent (offset, length) ranges
+    for read in reads:
+        for offset, length in (read.ranges if read.narrow is None else ()):
+            if runs and runs[-1][-1][0] + runs[-1][-1][1] == offset:
+                runs[-1].append((offset, length))
+            else:
+                runs.append([(offset, length)])
+    ends = {}
+    for run in runs:
+        cut = run[-1][0] + run[-1][1] - READAHEAD_TAIL_BYTES
+        ends.update((offset, min(max(cut, offset), offset + length)) for offset, length in run)
+    return ends
+
+
+class _Prefetch:
+    """Asks the kernel to start reading the exact ranges of one file up to PREFETCH_BYTES ahead of
+    the copy. POSIX_FADV_WILLNEED only queues the reads (exactly those pages: no readahead); the
+    kernel caps one call at the readahead size, hence calls of PREFETCH_CALL_BYTES."""
+
+    def __init__(self, fd: int, ranges: list[tuple[int, int, int]]):
+        """ranges: (position in the copy order, file offset, length), in copy order."""
         self.fd = fd
-        self.calls = iter([(begin, min(PREFETCH_CALL_BYTES, offset + length - begin))
-                           for offset, length in ranges
-                           for begin in range(offset, offset + length, PREFETCH_CALL_BYTES)])
-        self.issued = 0            # planned bytes asked for so far
+        self.calls = [(position + begin - offset, begin, min(PREFETCH_CALL_BYTES, offset + length - begin))
+                      for position, offset, length in ranges
+                      for begin in range(offset, offset + length, PREFETCH_CALL_BYTES)]
+        self.next = 0
 
     def ahead_of(self, consumed: int) -> None:
-        """`consumed`: planned bytes the copy has reached (in the same file order)."""
-        while self.issued < consumed + PREFETCH_BYTES:
-            call = next(self.calls, None)
-            if call is None:
-                self.issued = math.inf
-                return
-            _fadvise(self.fd, call[0], call[1], os.POSIX_FADV_WILLNEED)
-            self.issued += call[1]
+        """`consumed`: bytes the copy has reached."""
+        while self.next < len(self.calls) and self.calls[self.next][0] < consumed + PREFETCH_BYTES:
+            _, begin, length = self.calls[self.next]
+            _fadvise(self.fd, begin, length, os.POSIX_FADV_WILLNEED)
+            self.next += 1
 
 
 def load_text_tensors(checkpoint_dir: str | os.PathLike, specs: Iterable[TensorSpec] | None = None,

@@ -83,19 +83,21 @@ def _assert_equal_to_safe_open(ckpt_dir: Path, loaded: dict[str, torch.Tensor]) 
         with safe_open(f, framework="pt") as st:
             for name in st.keys():
                 if name in loaded:
-                    expected = st.get_tensor(name)
-                    assert loaded[name].dtype == expected.dtype and torch.equal(loaded[name], expected), name
+                    got, expected = loaded[name], st.get_tensor(name)
+                    assert got.dtype == expected.dtype and got.shape == expected.shape, name
+                    assert torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), name
                     seen.add(name)
     assert seen == set(loaded)
 
 
 @pytest.fixture()
 def small_chunks(monkeypatch):
-    """Reads in many chunks and a prefetch window of a few calls, so the chunk and window
-    bookkeeping runs on tensors this small."""
+    """Reads in many chunks, a prefetch window of a few calls and runs long enough for kernel
+    readahead, so the chunk, window and readahead/exact split bookkeeping runs on tensors this small."""
     monkeypatch.setattr(loader, "READ_CHUNK_BYTES", 3 * 4096)
     monkeypatch.setattr(loader, "PREFETCH_CALL_BYTES", 4096)
     monkeypatch.setattr(loader, "PREFETCH_BYTES", 5 * 4096)
+    monkeypatch.setattr(loader, "READAHEAD_TAIL_BYTES", 2 * 4096 + 100)
 
 
 def test_loads_text_tensors_bit_exact_against_safe_open(checkpoint):
@@ -129,6 +131,25 @@ def test_cold_load_reads_only_the_text_pages_from_storage(checkpoint, direct):
     read = _io("read_bytes") - before
     assert len(loaded) == 6
     assert read <= ckpt.text_bytes + 2 * 4096 * len(loaded), (read, ckpt.text_bytes)
+
+
+def test_long_run_read_by_kernel_readahead_stops_at_the_text(tmp_path):
+    """A run of text longer than READAHEAD_TAIL_BYTES goes mostly through kernel readahead, which
+    must not reach the skipped tensor right after it (cold cache, storage bytes)."""
+    text = {"model.llm.layers.0.mlp.experts.w13_weight": torch.arange(48 << 20, dtype=torch.int16).view(torch.bfloat16),
+            "model.llm.norm.weight": torch.ones(H, dtype=torch.bfloat16)}
+    save_file(text | {"model.visual.after.weight": torch.ones(SKIPPED_ELEMS * 4, dtype=torch.bfloat16)},
+              tmp_path / "model.safetensors")
+    ckpt = TextCheckpoint(tmp_path)
+    entries = sorted(ckpt.text.values(), key=lambda e: e.begin)
+    assert entries[-1].end == ckpt.skipped["model.visual.after.weight"].begin    # text, then right after it the tower
+    assert ckpt.text_bytes > 1.4 * loader.READAHEAD_TAIL_BYTES
+    _drop_from_page_cache(tmp_path)
+    before = _io("read_bytes")
+    loaded = dict(ckpt.load())
+    read = _io("read_bytes") - before
+    assert read <= ckpt.text_bytes + 2 * 4096 * len(loaded), (read, ckpt.text_bytes)
+    _assert_equal_to_safe_open(tmp_path, loaded)
 
 
 def test_file_system_without_o_direct_is_read_buffered(checkpoint, small_chunks, tmp_path_factory):
