@@ -4,7 +4,7 @@ Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.p
 `make serve` / `make gates`:
 
     python3 tools/cpu_server.py serve [--no-prefix-caching] [--port N]    # until Ctrl-C
-    python3 tools/cpu_server.py gates [quick|long] [--no-prefix-caching] [-- run_gates.sh args]
+    python3 tools/cpu_server.py gates [quick|long] [--no-prefix-caching] [run_gates.sh args: --only, --json]
 
 Run with the test venv's python (tools/test_env.sh: the fix-pack library needs its packages); the
 server itself runs in tools/server_env.sh's venv. The server's flags are the recipe's `cpu-variant`
@@ -159,8 +159,7 @@ def main(argv=None) -> int:
     parser.add_argument("mode", nargs="?", default="quick", choices=["quick", "long"])
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--port", type=int)
-    parser.add_argument("gate_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args, gate_args = parser.parse_known_args(argv)   # the rest goes to run_gates.sh
     extra = ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
     server = prepared(log, extra, args.port)
@@ -173,7 +172,7 @@ def main(argv=None) -> int:
             except KeyboardInterrupt:
                 pass
             return 0
-        gate_args = [a for a in args.gate_args if a != "--"]
+        gate_args = [a for a in gate_args if a != "--"]
         return subprocess.run(["bash", str(REPO / "ports/inkling-small/tests/hpu/run_gates.sh"), args.mode,
                                *gate_args], env=gate_env(server)).returncode
 
