@@ -13,7 +13,7 @@ from .profiles import DEFAULT_PROFILE, Profile, load_profile
 from .results import Mode, RunReport, TargetResult
 
 __all__ = ["DEFAULT_PROFILE", "load_profile", "resolve_roots", "run", "apply_unpinned", "patched_copy",
-           "identify", "check_probe", "refresh"]
+           "identify", "check_probe", "refresh", "manifest"]
 
 
 def resolve_roots(profile: Profile, overrides: dict[str, Path | None], only: list[str] | None = None) -> dict[str, Path]:
@@ -76,14 +76,8 @@ def patched_copy(src_root: Path, target: str, fixes: list[str], dest: Path,
 
 def identify(profile: Profile, overrides: dict[str, Path | None],
              only_targets: list[str] | None = None) -> list[TargetResult]:
-    out = []
-    for target, root in resolve_roots(profile, overrides, only_targets).items():
-        pin = profile.targets[target]
-        ident = sources.identify(root, pin.package, pin.distribution)
-        out.append(TargetResult(name=target, root=str(root), pin=pin.commit, ref=pin.ref,
-                                commit=ident.commit, how=ident.how,
-                                matches=pin.matches(ident.commit), evidence=ident.evidence))
-    return out
+    return [series.identify_target(profile, target, root)
+            for target, root in resolve_roots(profile, overrides, only_targets).items()]
 
 
 def check_probe(profile: Profile, probe_result: dict) -> list[str]:
@@ -144,3 +138,13 @@ def refresh(profile: Profile, roots: dict[str, Path]) -> list[str]:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return rewritten
+
+
+def manifest(root: Path, package: str, commit: str) -> str:
+    """The content manifest of a pristine tree: "<blob id> <path>" for every file of the package
+    (profile key `content.manifest`), headed by the commit it records."""
+    lines = [f"# {package} at {commit}: git blob id and path of every file (apply_all.py manifest)"]
+    for path in sorted((Path(root) / package).rglob("*")):
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+            lines.append(f"{sources.blob_id(path)} {path.relative_to(root).as_posix()}")
+    return "\n".join(lines) + "\n"

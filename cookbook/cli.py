@@ -182,5 +182,23 @@ def refresh(profile, vllm_root, vllm_gaudi_root):
     sys.exit(EXIT_OK)
 
 
+@main.command("manifest", epilog=EXIT_CODES_HELP)
+@click.option("--profile", "profile", default=DEFAULT_PROFILE, show_default=True)
+@click.option("--target", required=True, help="The target whose pinned source ROOT holds: vllm, vllm-gaudi.")
+@click.argument("root", type=click.Path(exists=True, file_okay=False))
+def manifest_command(profile, target, root):
+    """Print the content manifest of ROOT, a pristine tree of the target's pinned commit (the file a
+    profile's `content.manifest` names, for builds that record no commit)."""
+    try:
+        loaded = api.load_profile(profile)
+        if target not in loaded.targets:
+            raise click.UsageError(f"unknown target {target}; profile {loaded.name} has {', '.join(loaded.targets)}")
+        pin = loaded.targets[target]
+        click.echo(api.manifest(Path(root), pin.package, pin.commit), nl=False)
+    except CookbookError as exc:
+        _fail(exc, False)
+    sys.exit(EXIT_OK)
+
+
 if __name__ == "__main__":
     main()

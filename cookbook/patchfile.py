@@ -153,6 +153,26 @@ def parse(path: Path) -> ParsedPatch:
     return ParsedPatch(path=path, text=text, changes=changes)
 
 
+_NAMED = re.compile(r"^(---|\+\+\+|rename from|rename to) (.+?)\t?$", re.M)
+
+
+def paths_named(text: bytes) -> set[str]:
+    """Every path a patch's file headers name, read leniently (a malformed patch still lists what
+    it would touch): for identifying a tree by content before any patch is parsed."""
+    names = set()
+    for kind, name in _NAMED.findall(text.decode("utf-8", "replace")):
+        try:
+            name = unquote_path(name)
+        except ValueError:
+            continue
+        if kind in ("---", "+++"):
+            if name == "/dev/null" or name[:2] not in ("a/", "b/"):
+                continue
+            name = name[2:]
+        names.add(name)
+    return names
+
+
 def check_paths(patch: ParsedPatch, root: Path, package: str) -> None:
     """Refuse a patch that could write outside `root/package`, before anything is written."""
     package_dir = os.path.realpath(root / package)

