@@ -68,3 +68,10 @@ def test_base_args_cli_prints_build_arg_flags():
     out = subprocess.run([sys.executable, "-m", "builder", "base-args"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout
     assert "--build-arg VLLM_COMMIT=ced6857afa0ea7b2e3f0846a62e1394e90f15607" in out
+
+
+def test_port_image_sets_cookbook_where_it_copies_the_repository():
+    """The page's launch block runs "$COOKBOOK/fixes/apply_all.py" inside the port image."""
+    dockerfile = (REPO / "ports/inkling-small/Dockerfile").read_text()
+    assert f"COPY . {image.IMAGE_HOME}\n" in dockerfile
+    assert f"ENV COOKBOOK={image.IMAGE_HOME}\n" in dockerfile
