@@ -7,12 +7,15 @@ All math is in inkling_hpu.model. This module only translates between vLLM / vll
   cache, so vllm-gaudi's get_kv_cache_spec gives every layer a FullAttentionSpec at block 128 (one
   KV group, FullAttentionSpecx<layers>); local layers apply their window inside attention;
 - vllm-gaudi's per-step attention metadata (HPUAttentionMetadataV1, prompt or decode) -> the
-  model's explicit StepMetadata (RequestChunk per request).
+  model's StepMetadata, built on the device with tensor ops from bucketed shapes (no read-back):
+  prefill calls keep per-row block tables, decode calls keep vllm-gaudi's flat block list
+  (FlatDecodeGroup); the conv state lives per KV block, next to the KV cache.
 Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 
-On CPU, tests/cpu/test_plugin.py runs this class inside vllm-gaudi's real HPUModelRunner and
-HpuModelAdapter (the CPU harness): fp32 greedy tokens equal transformers'. Not exercised there:
-Habana kernels and graphs, TP collectives, the KV allocation of initialize_kv_cache.
+On CPU, tests/cpu/test_plugin.py and test_prefix_conv_state.py run this class inside vllm-gaudi's
+real HPUModelRunner and HpuModelAdapter (the CPU harness; the latter with vLLM's real scheduler and
+prefix caching): fp32 greedy tokens equal transformers'. Not exercised there: Habana kernels and
+graphs, TP collectives, the KV allocation of initialize_kv_cache.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from torch import nn
 
 from inkling_hpu import guards
 from inkling_hpu.loader import TensorSpec, TextCheckpoint
-from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, TensorParallel, build_step_metadata
+from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, TensorParallel
+from inkling_hpu.model.metadata import AttentionGroup, FlatDecodeGroup, StepMetadata
 from inkling_hpu.model import weights as weight_table
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
 
@@ -68,6 +72,126 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
     for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size):
         weight_table.load_tensor(model, name, piece, tp_rank=0, tp_size=1)
     return checkpoint
+
+
+# --- step metadata on the device --------------------------------------------------------------------
+# vllm-gaudi runs prefills and decodes as separate forward calls: prefill [bs, L] with each row's context
+# blocks (block_list [bs * context bucket]) and context length; decode [bs, 1] with a flat block_list
+# and block_groups (the request of each block; HpuModelAdapter turns padding into bs). A prefill row
+# with context is always alone in its call (_can_merge_prefill_contents), so no row of a call reads a
+# block another row of the same call writes (the CPU metadata builder handles that case too).
+
+def prefill_step_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                          context_lens: torch.Tensor, block_list: torch.Tensor | None, *, block_size: int,
+                          pad_block: int, taps: int) -> StepMetadata:
+    bs, length = input_ids.shape[0], input_ids.numel() // input_ids.shape[0]
+    device, num_tokens = input_ids.device, input_ids.numel()
+    pos = positions.reshape(bs, length).long()
+    valid = pos >= 0
+    ctx = context_lens.reshape(bs).long()
+    context_cols = 0 if block_list is None else block_list.numel() // bs
+    cols = context_cols + -(-length // block_size) + 1      # the last column is never real: a dump
+    table = torch.full((bs, cols), pad_block, dtype=torch.long, device=device)
+    if context_cols:
+        context = block_list.reshape(bs, context_cols).long()
+        table[:, :context_cols] = torch.where(context >= 0, context, pad_block)
+    slots = slot_mapping.reshape(bs, length).long()
+    table.scatter_(1, torch.where(valid, pos // block_size, cols - 1), torch.where(valid, slots // block_size, pad_block))
+    row = torch.arange(bs, device=device)
+
+    zero = num_tokens + bs * taps
+    tap = torch.arange(taps, device=device)
+
+    def source(r, position, start):
+        """Row of the conv input at `position` for row r whose chunk starts at `start`."""
+        offset = position - start
+        state = num_tokens + r * taps + offset + taps       # state rows hold start-taps .. start-1
+        return torch.where(offset >= 0, r * length + offset, torch.where(position < 0, zero, state))
+
+    chunk_pos = ctx[:, None, None] + torch.arange(length, device=device)[None, :, None] - taps + tap   # [bs, L, taps]
+    tap_index = torch.where(valid[:, :, None], source(row[:, None, None], chunk_pos, ctx[:, None, None]), zero)
+    read_blocks = torch.where(ctx > 0, table.gather(1, ((ctx - 1).clamp(min=0) // block_size)[:, None])[:, 0],
+                              pad_block)
+    # every block the chunk touches: at most ceil(L / block) + 1 per row
+    num_new = valid.sum(dim=1)
+    end = ctx + num_new
+    column = ctx[:, None] // block_size + torch.arange(-(-length // block_size) + 1, device=device)[None, :]
+    written = (num_new[:, None] > 0) & (column * block_size < end[:, None])
+    block_end = torch.minimum(end[:, None], (column + 1) * block_size)
+    write_blocks = torch.where(written, table.gather(1, column.clamp(max=cols - 1)), pad_block)
+    write_pos = block_end[:, :, None] - taps + tap
+    write_source = torch.where(written[:, :, None], source(row[:, None, None], write_pos, ctx[:, None, None]), zero)
+    group = AttentionGroup(False, torch.arange(num_tokens, device=device).view(bs, length), pos, table)
+    return StepMetadata(
+        block_size=block_size, input_ids=torch.where(valid, input_ids.reshape(bs, length).long(), 0).reshape(-1),
+        positions=pos.reshape(-1), slot_mapping=torch.where(valid, slots, pad_block * block_size).reshape(-1),
+        conv_read_blocks=read_blocks, conv_tap_index=tap_index.reshape(num_tokens, taps),
+        conv_write_blocks=write_blocks.reshape(-1), conv_write_source=write_source.reshape(-1, taps),
+        groups=[group], output_index=torch.arange(num_tokens, device=device),
+        last_token_index=torch.zeros(bs, dtype=torch.long, device=device), num_real_tokens=num_tokens,
+        num_real_requests=bs)
+
+
+def _flat_columns(owner: torch.Tensor, last_column: torch.Tensor, num_requests: int) -> torch.Tensor:
+    """Column in its request's block table of each entry of a flat block list whose entries are each
+    request's last blocks, in order (the full table, or the decode window's tail)."""
+    index = torch.arange(owner.shape[0], device=owner.device)
+    count = torch.zeros(num_requests + 1, dtype=torch.long, device=owner.device).index_add(0, owner, torch.ones_like(owner))
+    first = torch.full((num_requests + 1,), owner.shape[0], dtype=torch.long, device=owner.device).scatter_reduce(
+        0, owner, index, reduce="amin")
+    within = index - first.index_select(0, owner)
+    return last_column.index_select(0, owner) - (count.index_select(0, owner) - 1 - within)
+
+
+def decode_step_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                         block_list: torch.Tensor, block_groups: torch.Tensor, window_block_list: torch.Tensor | None,
+                         window_block_groups: torch.Tensor | None, *, block_size: int, pad_block: int,
+                         taps: int) -> StepMetadata:
+    bs = input_ids.shape[0]
+    device = input_ids.device
+
+    def owners(groups: torch.Tensor) -> torch.Tensor:
+        groups = groups.long()
+        return torch.where((groups >= 0) & (groups < bs), groups, bs)   # bs = padding
+
+    owner = owners(block_groups)
+    has_blocks = torch.zeros(bs + 1, dtype=torch.long, device=device).index_add(0, owner, torch.ones_like(owner))[:bs] > 0
+    pos = torch.where(has_blocks, positions.reshape(bs, -1)[:, 0].long(), -1)
+    last_column = torch.cat([pos.clamp(min=0) // block_size, pos.new_zeros(1)])
+    column = _flat_columns(owner, last_column, bs)
+    blocks = torch.where(owner < bs, block_list.long(), pad_block)
+    window = (None, None, None)
+    if window_block_list is not None:
+        window_owner = owners(window_block_groups)
+        window = (torch.where(window_owner < bs, window_block_list.long(), pad_block), window_owner,
+                  _flat_columns(window_owner, last_column, bs))
+    slot = torch.where(has_blocks, slot_mapping.reshape(bs, -1)[:, 0].long(), pad_block * block_size)
+    current = slot // block_size
+    # the block before the current one (a request at a block boundary reads its state there)
+    is_previous = (owner < bs) & (column == last_column.index_select(0, owner) - 1)
+    previous = torch.full((bs + 1,), pad_block, dtype=torch.long, device=device).scatter(
+        0, torch.where(is_previous, owner, bs), blocks)[:bs]
+    read_blocks = torch.where(pos % block_size != 0, current, previous)
+    read_blocks = torch.where(pos > 0, read_blocks, pad_block)
+
+    zero = bs + bs * taps
+    row = torch.arange(bs, device=device)[:, None]
+    tap = torch.arange(taps, device=device)[None, :]
+    state = bs + row * taps + tap                        # state rows hold positions p-taps .. p-1
+    tap_index = torch.where(pos[:, None] - taps + tap >= 0, state, zero)
+    # new state: positions p-taps+1 .. p = state rows 1.. and the token itself
+    shifted = torch.cat([state[:, 1:], row], dim=1)
+    write_source = torch.where(pos[:, None] - taps + 1 + tap >= 0, shifted, zero)
+    write_source = torch.where(has_blocks[:, None], write_source, zero)
+    group = FlatDecodeGroup(token_index=torch.arange(bs, device=device), positions=pos, block_list=blocks,
+                            block_request=owner, block_column=column, window_block_list=window[0],
+                            window_block_request=window[1], window_block_column=window[2])
+    return StepMetadata(
+        block_size=block_size, input_ids=torch.where(has_blocks, input_ids.reshape(bs, -1)[:, 0].long(), 0),
+        positions=pos, slot_mapping=slot, conv_read_blocks=read_blocks,
+        conv_tap_index=torch.where(has_blocks[:, None], tap_index, zero), conv_write_blocks=torch.where(has_blocks, current, pad_block),
+        conv_write_source=write_source, groups=[group], output_index=torch.arange(bs, device=device),
+        last_token_index=torch.zeros(bs, dtype=torch.long, device=device), num_real_tokens=bs, num_real_requests=bs)
 
 
 class HpuInklingForCausalLM(nn.Module):
@@ -156,59 +280,25 @@ class HpuInklingForCausalLM(nn.Module):
         return InklingCaches(block_size=self.block_size, layers=layers), pad_block
 
     # --- forward --------------------------------------------------------------------------------
-    def _chunks(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> list[tuple[int, RequestChunk]]:
-        """(row, RequestChunk) per real request of the step, from vllm-gaudi's metadata (on CPU)."""
-        ids, pos = input_ids.cpu(), positions.cpu()
-        block = self.block_size
-        chunks = []
+    def step_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, pad_block: int) -> StepMetadata:
+        """The model's StepMetadata from vllm-gaudi's attention metadata, on the device, with tensor ops
+        only: no read-back, every shape from the bucketed input shapes."""
+        taps = self.config.conv_kernel_size - 1
         if meta.is_prompt:
-            query_lens = meta.seq_lens_tensor.cpu().tolist()
-            context_lens = meta.context_lens_tensor.cpu().tolist()
-            slots = meta.slot_mapping.view(len(query_lens), -1).cpu()
-            context = (meta.block_list.view(len(query_lens), -1).cpu() if meta.block_list is not None
-                       else torch.empty(len(query_lens), 0, dtype=torch.long))
-            for row, (q, ctx) in enumerate(zip(query_lens, context_lens)):
-                if q <= 0:
-                    continue
-                table = context[row, :-(-ctx // block)].tolist() if ctx else []
-                if len(table) * block < ctx or -1 in table:
-                    raise RuntimeError(
-                        f"Inkling: a prefill chunk at position {ctx} came without the block ids of its context "
-                        f"(block_list {'absent' if meta.block_list is None else 'short'}): the prompt bucket "
-                        "vllm-gaudi chose has no room for them, and attention would miss the context.")
-                for b in (slots[row, :q] // block).tolist():
-                    if b not in table[-1:]:
-                        table.append(int(b))
-                chunks.append((row, RequestChunk(ids[row, :q].tolist(), ctx, table)))
-            return chunks
-        groups = meta.block_groups.cpu().tolist()
-        blocks = meta.block_list.cpu().tolist()
-        tables: dict[int, list[int]] = {}
-        for b, g in zip(blocks, groups):
-            # HpuModelAdapter turns the padding groups (-1) into the batch size.
-            if 0 <= g < ids.shape[0]:
-                tables.setdefault(g, []).append(int(b))
-        for row, table in sorted(tables.items()):
-            chunks.append((row, RequestChunk([int(ids[row, 0])], int(pos[row, 0]), table)))
-        return chunks
+            return prefill_step_metadata(input_ids, positions, meta.slot_mapping, meta.context_lens_tensor,
+                                         meta.block_list, block_size=self.block_size, pad_block=pad_block, taps=taps)
+        return decode_step_metadata(input_ids, positions, meta.slot_mapping, meta.block_list, meta.block_groups,
+                                    getattr(meta, "window_block_list", None), getattr(meta, "window_block_groups", None),
+                                    block_size=self.block_size, pad_block=pad_block, taps=taps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds=None, **kwargs) -> torch.Tensor:
         from vllm.forward_context import get_forward_context
 
-        meta = get_forward_context().attn_metadata
         caches, pad_block = self._caches()
-        rows = self._chunks(input_ids, positions, meta)
-        step = build_step_metadata([c for _, c in rows], block_size=self.block_size,
-                                   conv_kernel_size=self.config.conv_kernel_size,
-                                   pad_block_id=pad_block).to(input_ids.device)
-        hidden = self.inkling(step, caches)                # [real tokens, hidden]
-        # Back to the runner's [batch, seq] layout; padding rows stay zero.
-        out = hidden.new_zeros(input_ids.numel(), hidden.shape[-1])
-        seq = input_ids.shape[1] if input_ids.dim() == 2 else 1
-        flat_rows = [row * seq + i for row, chunk in rows for i in range(len(chunk.token_ids))]
-        out.index_copy_(0, torch.tensor(flat_rows, device=out.device), hidden[: len(flat_rows)])
-        return out.view(*input_ids.shape, -1)
+        step = self.step_metadata(input_ids, positions, get_forward_context().attn_metadata, pad_block)
+        hidden = self.inkling(step, caches)                # one row per input token, in input order
+        return hidden.view(*input_ids.shape, -1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.inkling.compute_logits(hidden_states)

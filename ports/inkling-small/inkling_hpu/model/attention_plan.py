@@ -130,6 +130,7 @@ def _plan_chunk(group: AttentionGroup, kind: AttentionKind, block_size: int, row
 
 def plan_step(groups: list[AttentionGroup], kind: AttentionKind, block_size: int,
               knobs: Knobs) -> list[list[ChunkPlan]]:
-    """Plans for every attention group of a step, for one layer kind."""
-    return [plan_group(group, kind, block_size, knobs) for group in groups]
+    """Plans for every attention group of a step, for one layer kind (flat decode groups need none)."""
+    return [plan_group(group, kind, block_size, knobs) if isinstance(group, AttentionGroup) else None
+            for group in groups]
 

@@ -60,6 +60,44 @@ class AttentionGroup:
 
 
 @dataclass
+class FlatDecodeGroup:
+    """Single-token queries over a flat block list: vllm-gaudi's decode layout, read as its flat paged
+    attention reads it. Entry i of `block_list` is a block of request `block_request[i]` (padding:
+    num_requests) at column `block_column[i]` of that request's table. Static shapes whatever the
+    requests' lengths, and each block is attended once (no per-request table padded to the longest).
+    The window_* lists (optional) hold only the local layers' decode window."""
+
+    token_index: torch.Tensor      # [G] long: flat token of each request's query
+    positions: torch.Tensor        # [G] long: its position, -1 = padding
+    block_list: torch.Tensor       # [NB] long
+    block_request: torch.Tensor    # [NB] long, num_requests = padding
+    block_column: torch.Tensor     # [NB] long
+    window_block_list: torch.Tensor | None = None
+    window_block_request: torch.Tensor | None = None
+    window_block_column: torch.Tensor | None = None
+    is_decode: bool = True
+
+    @property
+    def num_requests(self) -> int:
+        return self.token_index.shape[0]
+
+    @property
+    def num_rows(self) -> int:
+        return 1
+
+
+def flat_decode_group(group: AttentionGroup, pad_block_id: int) -> FlatDecodeGroup:
+    """The same decode group in the flat layout (every column of every request's table; columns past
+    a request's last block hold later positions and are masked). For tests of the two layouts."""
+    num_requests, cols = group.block_table.shape
+    request = torch.arange(num_requests)[:, None].expand(num_requests, cols)
+    column = torch.arange(cols)[None, :].expand(num_requests, cols)
+    return FlatDecodeGroup(token_index=group.token_index[:, 0], positions=group.positions[:, 0],
+                           block_list=group.block_table.reshape(-1), block_request=request.reshape(-1),
+                           block_column=column.reshape(-1))
+
+
+@dataclass
 class StepMetadata:
     block_size: int
     input_ids: torch.Tensor          # [T] long
@@ -69,7 +107,7 @@ class StepMetadata:
     conv_tap_index: torch.Tensor     # [T, W-1] long into [x (T rows) | old state (R*(W-1) rows) | zero row]
     conv_write_blocks: torch.Tensor  # [Wr] long: blocks whose conv state this step writes (padding: pad block)
     conv_write_source: torch.Tensor  # [Wr, W-1] long into the same buffer: each written block's new state
-    groups: list[AttentionGroup]
+    groups: list  # AttentionGroup or FlatDecodeGroup
     output_index: torch.Tensor       # [T] long into the concatenated, flattened group outputs
     last_token_index: torch.Tensor   # [R] long: flat index of each request's last new token (padding: 0)
     num_real_tokens: int = 0
@@ -87,8 +125,8 @@ class StepMetadata:
             if isinstance(value, torch.Tensor):
                 moved[name] = value.to(device)
             elif name == "groups":
-                moved[name] = [AttentionGroup(g.is_decode, g.token_index.to(device), g.positions.to(device),
-                                              g.block_table.to(device)) for g in value]
+                moved[name] = [type(g)(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                                          for k, v in vars(g).items()}) for g in value]
             else:
                 moved[name] = value
         return StepMetadata(**moved)

@@ -17,7 +17,7 @@ from torch import nn
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import Knobs, read_knobs
-from inkling_hpu.model.metadata import CONV_STREAMS, StepMetadata
+from inkling_hpu.model.metadata import CONV_STREAMS, FlatDecodeGroup, StepMetadata
 
 # Parameters kept in fp32 whatever the model dtype (as transformers' _keep_in_fp32_modules_strict).
 KEEP_FP32_SUFFIXES = (
@@ -206,6 +206,10 @@ class InklingAttention(nn.Module):
             plans = plan_step(meta.groups, self.kind, meta.block_size, knobs)
         outputs = []
         for group, group_plans in zip(meta.groups, plans):
+            if isinstance(group, FlatDecodeGroup):
+                outputs.append(self._attend_flat(query.index_select(0, group.token_index),
+                                                 relative.index_select(0, group.token_index), cache, group, knobs))
+                continue
             rows = group.token_index.reshape(-1)
             shape = (group.num_requests, group.num_rows)
             group_query = query.index_select(0, rows).view(*shape, self.num_heads, self.head_dim)
@@ -238,6 +242,59 @@ class InklingAttention(nn.Module):
         out = torch.matmul(probs, values.permute(0, 2, 1, 3).to(query.dtype))       # [G, KV, g*Lc, D]
         out = out.view(num_requests, kv_heads, groups, rows, head_dim).permute(0, 3, 1, 2, 4)
         return out.reshape(num_requests, rows, self.num_heads * head_dim)
+
+
+    def _attend_flat(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
+                     group: FlatDecodeGroup, knobs: Knobs) -> torch.Tensor:
+        """Decode attention over a flat block list, as vllm-gaudi's flat paged attention reads it: each
+        block is scored against its owner's query, and a softmax over the blocks of each request (max and
+        sum per request with scatter/index_add) gives the same probabilities as one softmax over the
+        request's keys. query [G, H, D], relative [G, H, d_rel] -> [G, H*D]."""
+        num_requests = query.shape[0]
+        kv_heads, groups, head_dim = self.num_key_value_heads, self.num_key_value_groups, self.head_dim
+        block_size = cache.key.shape[1]
+        blocks, owner, column = group.block_list, group.block_request, group.block_column
+        if self.kind.window is not None and knobs.decode_window_plus1 and group.window_block_list is not None:
+            blocks, owner, column = group.window_block_list, group.window_block_request, group.window_block_column
+        num_blocks = blocks.shape[0]
+        positions = group.positions
+        rel_logits = relative @ self.rel_logits_proj.proj                              # [G, H, E]
+        if self.kind.log_scaling_n_floor is not None and self.kind.window is None:
+            effective = (positions + 1).to(torch.float32)
+            tau = 1.0 + self.kind.log_scaling_alpha * torch.log(
+                (effective / self.kind.log_scaling_n_floor).clamp(min=1.0))
+            query = (query.float() * tau[:, None, None]).to(query.dtype)
+            rel_logits = (rel_logits.float() * tau[:, None, None]).to(rel_logits.dtype)
+        owner_row = owner.clamp(max=num_requests - 1)       # padding blocks borrow row 0..G-1, masked below
+        keys = cache.key.index_select(0, blocks)                                      # [NB, B, KV, D]
+        values = cache.value.index_select(0, blocks)
+        block_query = query.index_select(0, owner_row).view(num_blocks, kv_heads, groups, head_dim)
+        scores = torch.matmul(block_query, keys.permute(0, 2, 3, 1).to(query.dtype)) * self.scaling
+        scores = scores.view(num_blocks, self.num_heads, block_size)                    # [NB, H, B]
+
+        query_pos = positions.index_select(0, owner_row)
+        key_pos = column[:, None] * block_size + torch.arange(block_size, device=column.device)[None, :]
+        distance = query_pos[:, None] - key_pos                                          # [NB, B]
+        masked = (distance < 0) | (owner >= num_requests)[:, None] | (query_pos < 0)[:, None]
+        if self.kind.window is not None:
+            masked = masked | (distance >= self.kind.window)
+        bias_valid = (distance >= 0) & (distance < self.rel_extent)
+        bias = rel_logits.index_select(0, owner_row).gather(
+            2, distance.clamp(0, self.rel_extent - 1)[:, None, :].expand(num_blocks, self.num_heads, block_size))
+        scores = scores + bias.masked_fill(~bias_valid[:, None, :], 0.0)
+        scores = scores.masked_fill(masked[:, None, :], torch.finfo(scores.dtype).min).float()
+
+        # softmax over all blocks of a request: its max, then its sum (row G collects padding blocks)
+        segment = owner[:, None].expand(num_blocks, self.num_heads)
+        peak = scores.new_full((num_requests + 1, self.num_heads), float("-inf")).scatter_reduce(
+            0, segment, scores.amax(dim=-1), reduce="amax")
+        weights = torch.exp(scores - peak.index_select(0, owner)[:, :, None])
+        total = scores.new_zeros(num_requests + 1, self.num_heads).index_add(0, owner, weights.sum(dim=-1))
+        probs = (weights / total.index_select(0, owner)[:, :, None]).to(query.dtype)
+        probs = probs.view(num_blocks, kv_heads, groups, block_size).float()
+        partial = torch.matmul(probs, values.permute(0, 2, 1, 3).float())                # [NB, KV, g, D]
+        out = partial.new_zeros(num_requests + 1, kv_heads, groups, head_dim).index_add(0, owner, partial)
+        return out[:num_requests].to(query.dtype).reshape(num_requests, self.num_heads * head_dim)
 
 
 class InklingSlidingAttention(InklingAttention):

@@ -160,7 +160,8 @@ GLUE_CONFIG = {
 def scenario_glue_chunks(port_dir: str) -> list:
     """A: 300-token prompt in chunks of 200 and 100, then two decodes; B joins for the decodes.
     Every model call of the real runner (token ids, positions, trimmed attention metadata, exactly
-    what the model receives) goes through hpu_glue's conversion to RequestChunks."""
+    what the model receives) goes through hpu_glue's device-side step metadata; the real rows of
+    each call are summarised (block tables, conv-state read and write blocks)."""
     import tempfile
     from types import SimpleNamespace
 
@@ -169,6 +170,7 @@ def scenario_glue_chunks(port_dir: str) -> list:
     from vllm_gaudi.v1.worker.hpu_model_runner import trim_attn_metadata
 
     from inkling_hpu.hpu_glue import HpuInklingForCausalLM
+    from inkling_hpu.model.metadata import FlatDecodeGroup
 
     model_dir = Path(tempfile.mkdtemp(prefix="inkling_glue_"))
     (model_dir / "config.json").write_text(json.dumps(GLUE_CONFIG))
@@ -179,14 +181,37 @@ def scenario_glue_chunks(port_dir: str) -> list:
     # What initialize_kv_cache sets (the harness allocates no KV cache): without it the prompt
     # fallback buckets drop the context blocks (bucketing/common.py generate_fallback_bucket).
     runner.bucketing_manager.num_hpu_blocks = 64
-    glue = SimpleNamespace(block_size=runner.block_size)
+    glue = SimpleNamespace(block_size=runner.block_size, config=SimpleNamespace(conv_kernel_size=4))
+    pad = 64
     calls = []
     execute = runner._execute_model_generic
 
     def recording(token_ids, position_ids, attn_metadata, *args, **kwargs):
-        chunks = HpuInklingForCausalLM._chunks(glue, token_ids, position_ids, trim_attn_metadata(attn_metadata))
-        calls.append([{"row": row, "tokens": list(c.token_ids), "num_computed": c.num_computed,
-                       "blocks": list(c.block_ids)} for row, c in chunks])
+        meta = HpuInklingForCausalLM.step_metadata(glue, token_ids, position_ids, trim_attn_metadata(attn_metadata), pad)
+        group = meta.groups[0]
+        rows = []
+        if isinstance(group, FlatDecodeGroup):
+            for r, position in enumerate(group.positions.tolist()):
+                if position < 0:
+                    continue
+                mine = (group.block_request == r).nonzero().flatten()
+                order = group.block_column[mine].argsort()
+                rows.append({"row": r, "tokens": [int(meta.input_ids[r])], "num_computed": position,
+                             "blocks": group.block_list[mine][order].tolist(),
+                             "read": int(meta.conv_read_blocks[r]), "writes": [int(meta.conv_write_blocks[r])]})
+        else:
+            bs, length = group.positions.shape
+            writes = meta.conv_write_blocks.view(bs, -1)
+            for r in range(bs):
+                pos = group.positions[r]
+                n = int((pos >= 0).sum())
+                if n == 0:
+                    continue
+                start = int(pos[0])
+                rows.append({"row": r, "tokens": meta.input_ids.view(bs, length)[r, :n].tolist(), "num_computed": start,
+                             "blocks": group.block_table[r, :-(-(start + n) // runner.block_size)].tolist(),
+                             "read": int(meta.conv_read_blocks[r]), "writes": [b for b in writes[r].tolist() if b != pad]})
+        calls.append(rows)
         return execute(token_ids, position_ids, attn_metadata, *args, **kwargs)
 
     runner._execute_model_generic = recording
@@ -199,7 +224,7 @@ def scenario_glue_chunks(port_dir: str) -> list:
     steps.step({"A": 1, "B": 3})
     steps.step({"A": 1, "B": 1})
     return {"calls": calls, "blocks": {r: steps.reqs[r].block_ids for r in ("A", "B")},
-            "outputs": {r: steps.reqs[r].outputs for r in ("A", "B")}}
+            "outputs": {r: steps.reqs[r].outputs for r in ("A", "B")}, "pad": pad}
 
 
 @pytest.mark.slow
@@ -209,23 +234,27 @@ def test_glue_reads_requests_from_real_runner_metadata(vllm_gaudi_src, vllm_src,
 
     out = run_scenario(f"{__file__}::scenario_glue_chunks", vllm_gaudi_src, vllm_src, timeout=600,
                        port_dir=str(port_dir))
-    a, b = out["blocks"]["A"], out["blocks"]["B"]
+    a, b, pad = out["blocks"]["A"], out["blocks"]["B"], out["pad"]
     prompt = [1 + i % 30 for i in range(300)]
-    calls = out["calls"]
-    flat = [chunk for call in calls for chunk in call]
-    # prefill chunk 1 and 2 of A (the second reads its 200-token context through block_list)
-    assert flat[0] == {"row": 0, "tokens": prompt[:200], "num_computed": 0, "blocks": a[:2]}
-    assert flat[1] == {"row": 0, "tokens": prompt[200:], "num_computed": 200, "blocks": a[:3]}
-    # B's prompt (a prefill) and A's decodes, each with its own block table
+    flat = [chunk for call in out["calls"] for chunk in call]
+    # prefill chunk 1 and 2 of A (the second reads its 200-token context through block_list, and its
+    # conv state from block 1, which holds position 199); each writes the blocks it computes into
+    assert flat[0] == {"row": 0, "tokens": prompt[:200], "num_computed": 0, "blocks": a[:2], "read": pad,
+                       "writes": a[:2]}
+    assert flat[1] == {"row": 0, "tokens": prompt[200:], "num_computed": 200, "blocks": a[:3], "read": a[1],
+                       "writes": a[1:3]}
+    # B's prompt (a prefill) and A's decodes, each with its own block table and conv-state blocks
     a_token = out["outputs"]["A"][0]
     b_prefill = [c for c in flat[2:] if c["num_computed"] == 0]
     a_decodes = [c for c in flat[2:] if c["blocks"][0] == a[0]]
-    assert b_prefill == [{"row": 0, "tokens": [5, 6, 7], "num_computed": 0, "blocks": b[:1]}]
+    assert b_prefill == [{"row": 0, "tokens": [5, 6, 7], "num_computed": 0, "blocks": b[:1], "read": pad,
+                          "writes": b[:1]}]
     assert [c["num_computed"] for c in a_decodes] == [300, 301]
-    assert a_decodes[0]["tokens"] == [a_token] and all(c["blocks"] == a[:3] for c in a_decodes)
+    assert a_decodes[0]["tokens"] == [a_token]
+    assert all(c["blocks"] == a[:3] and c["read"] == c["writes"][0] == a[2] for c in a_decodes)
     b_decode = [c for c in flat[2:] if c["blocks"][0] == b[0] and c["num_computed"] > 0]
     assert b_decode == [{"row": b_decode[0]["row"], "tokens": [out["outputs"]["B"][0]], "num_computed": 3,
-                         "blocks": b[:1]}]
+                         "blocks": b[:1], "read": b[0], "writes": [b[0]]}]
 
 
 def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
