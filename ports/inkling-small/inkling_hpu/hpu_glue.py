@@ -132,6 +132,22 @@ def prefill_step_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slot
         num_real_requests=bs)
 
 
+def check_context_blocks(context_lens: torch.Tensor, block_list: torch.Tensor | None, block_size: int) -> None:
+    """INKLING_GLUE_CHECKS=1 (debugging; reads the metadata back, one sync per prefill call): refuse a
+    prefill chunk whose context blocks vllm-gaudi left out (a prompt bucket with no room for them),
+    which attention would otherwise read from the pad block."""
+    lens = context_lens.cpu().tolist()
+    context = (block_list.view(len(lens), -1).cpu() if block_list is not None
+               else torch.empty(len(lens), 0, dtype=torch.long))
+    for row, ctx in enumerate(lens):
+        needed = -(-ctx // block_size)
+        if needed > context.shape[1] or (needed and (context[row, :needed] < 0).any()):
+            raise RuntimeError(
+                f"Inkling: a prefill chunk at position {ctx} came without the block ids of its context: expected "
+                f"{needed} context blocks, found {min(int((context[row] >= 0).sum()), needed)} (block_list "
+                f"{'absent' if block_list is None else 'short'}); the prompt bucket vllm-gaudi chose has no room.")
+
+
 def _flat_columns(owner: torch.Tensor, last_column: torch.Tensor, num_requests: int) -> torch.Tensor:
     """Column in its request's block table of each entry of a flat block list whose entries are each
     request's last blocks, in order (the full table, or the decode window's tail)."""
@@ -285,6 +301,8 @@ class HpuInklingForCausalLM(nn.Module):
         only: no read-back, every shape from the bucketed input shapes."""
         taps = self.config.conv_kernel_size - 1
         if meta.is_prompt:
+            if os.environ.get("INKLING_GLUE_CHECKS", "0") == "1":
+                check_context_blocks(meta.context_lens_tensor, meta.block_list, self.block_size)
             return prefill_step_metadata(input_ids, positions, meta.slot_mapping, meta.context_lens_tensor,
                                          meta.block_list, block_size=self.block_size, pad_block=pad_block, taps=taps)
         return decode_step_metadata(input_ids, positions, meta.slot_mapping, meta.block_list, meta.block_groups,

@@ -167,3 +167,15 @@ def test_flat_decode_attention_equals_the_per_request_tables(config, dtype):
         torch.testing.assert_close(flat_logits, per_table, atol=1e-6, rtol=0)
     else:
         assert flat_logits.argmax(-1).tolist() == per_table.argmax(-1).tolist()
+
+
+def test_debug_check_refuses_a_prefill_without_its_context_blocks():
+    """INKLING_GLUE_CHECKS=1: a context block vllm-gaudi left out (-1) is refused, with expected vs found."""
+    from inkling_hpu.hpu_glue import check_context_blocks
+
+    check_context_blocks(torch.tensor([6, 0]), torch.tensor([3, 7, -1, -1]), BLOCK)      # 2 blocks for 6 tokens
+    with pytest.raises(RuntimeError, match="position 6 came without the block ids of its context: expected 2 "
+                                           "context blocks, found 1"):
+        check_context_blocks(torch.tensor([6, 0]), torch.tensor([3, -1, -1, -1]), BLOCK)
+    with pytest.raises(RuntimeError, match="expected 2 context blocks, found 0 \\(block_list absent\\)"):
+        check_context_blocks(torch.tensor([6]), None, BLOCK)
