@@ -1,0 +1,34 @@
+"""Run run_gates.sh against a real vLLM 0.30.0 CPU server (tools/cpu_server.py) and read its JSON."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(REPO / "tools"))
+import cpu_server  # noqa: E402
+
+RUN_GATES = REPO / "ports" / "inkling-small" / "tests" / "hpu" / "run_gates.sh"
+
+
+def run_gates(server: "cpu_server.CpuServer", mode: str, *args: str, env: dict | None = None,
+              timeout: float = 1200) -> tuple[int, dict, str]:
+    """(exit code, the JSON report, stderr) of `run_gates.sh MODE --json ARGS` against the server."""
+    proc = subprocess.run(["bash", str(RUN_GATES), mode, "--json", *args], capture_output=True, text=True,
+                          env={**cpu_server.gate_env(server), **(env or {})}, timeout=timeout)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"run_gates.sh {mode} printed no JSON (exit {proc.returncode}):\n"
+                             f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}") from None
+    return proc.returncode, report, proc.stderr
+
+
+def rows(report: dict) -> dict[str, dict]:
+    return {row["gate"]: row for row in report["gates"]}
+
+
+def table(report: dict) -> str:
+    return "\n".join(f"{r['gate']}: {r['passed']}: {r['result']}" for r in report["gates"])

