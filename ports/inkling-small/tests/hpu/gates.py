@@ -393,7 +393,7 @@ def gate_prefix_cache() -> tuple[bool | None, str]:
     cases, answer = 14, 48
     size = min(4096, max_model_len() - RESERVE - answer)     # the page used 4,096-token prompts
     run_id = f"{random.SystemRandom().randrange(16**8):08x}"
-    identical, recalled, near_tie_splits, problems, prompt_sizes = 0, 0, 0, [], []
+    identical, recalled, near_tie_splits, problems, prompt_sizes, colds, warms = 0, 0, 0, [], [], [], []
     for i in range(cases):
         messages, code = needle_prompt(size, 0.5, random.Random(1000 + i), head=f"Document {run_id}-{i:02d}. ")
         runs = [chat(messages, max_tokens=answer, temperature=0.0, logprobs=True, top_logprobs=2)
@@ -401,6 +401,8 @@ def gate_prefix_cache() -> tuple[bool | None, str]:
         prompt_tokens = runs[0]["usage"]["prompt_tokens"]
         prompt_sizes.append(prompt_tokens)
         cold, warm = cached_tokens(runs[0]), cached_tokens(runs[1])
+        colds.append(cold)
+        warms.append(warm)
         if cold != 0:
             problems.append(f"prompt {i}: cold run cached_tokens {cold}, expected 0")
         if warm < prompt_tokens - BLOCK_SIZE:
@@ -419,7 +421,8 @@ def gate_prefix_cache() -> tuple[bool | None, str]:
                 break
     splits = cases - identical
     lengths = f"prompts of {min(prompt_sizes):,}-{max(prompt_sizes):,} tokens (max_model_len {max_model_len():,})"
-    result = (f"warm runs cached {'every full block' if not problems else 'too little'}; {identical}/{cases} "
+    result = (f"cached_tokens: cold {min(colds):,}-{max(colds):,}, warm {min(warms):,}-{max(warms):,} "
+              f"(expected 0, and >= prompt less {BLOCK_SIZE}); {identical}/{cases} "
               f"byte-identical; {near_tie_splits}/{splits} splits at a near-tie; "
               + (f"recall {NEEDS_MODEL}" if STAND_IN else f"{recalled}/{cases} hits recalled their code")
               + f"; {lengths}")
@@ -655,7 +658,8 @@ def main(argv=None) -> int:
         print("| Gate | Result |")
         print("|---|---|")
         for row in rows:
-            mark = "" if row["passed"] else (" (skipped)" if row["passed"] is None else " (FAIL)")
+            mark = {True: "", False: " (FAIL)", None: " (skipped)"}[row["passed"]]
+            mark = "" if row["result"].startswith("skipped") else mark
             print(f"| {row['title']} | {row['result']}{mark} |")
     return 1 if failed else 0
 
