@@ -15,13 +15,17 @@ to the data section, row-major, no padding.
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
+import hashlib
 import itertools
 import json
 import math
 import mmap
 import os
+import re
 import struct
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +60,9 @@ READAHEAD_TAIL_BYTES = 64 << 20
 DIRECT_ALIGN = 4096
 READ_THREADS = 8
 HUGE_PAGE = 2 << 20
+# write_presharded's layout: <checkpoint>/presharded-tp<N>/rank-<r>/model.safetensors + manifest.
+PRESHARDED_DIR = "presharded-tp{world_size}"
+PRESHARDED_MANIFEST = "presharded.json"
 # Upper bound on a sane header (safetensors itself refuses more than 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 
@@ -202,6 +209,39 @@ class TextCheckpoint:
                                   f"found {entry.dtype}")
         return entry
 
+    def fingerprint(self) -> str:
+        """sha256 of where every text tensor is (name, dtype, shape, file, byte range): what a
+        pre-sharded layout was made from."""
+        items = sorted((e.name, e.dtype, list(e.shape), e.file.name, e.begin, e.end) for e in self.text.values())
+        return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+    def _presharded(self, world_size: int) -> tuple[Path, dict] | None:
+        """This checkpoint's pre-sharded layout for world_size (write_presharded), if there is one."""
+        directory = self.dir / PRESHARDED_DIR.format(world_size=world_size)
+        if not (directory / PRESHARDED_MANIFEST).is_file():
+            return None
+        manifest = json.loads((directory / PRESHARDED_MANIFEST).read_text())
+        if manifest.get("source") != self.fingerprint():
+            raise CheckpointError(f"{directory}: made from a checkpoint with fingerprint {manifest.get('source')}, "
+                                  f"this one has {self.fingerprint()}: remake it (python -m inkling_hpu.loader "
+                                  f"presplit {self.dir} --tp {world_size}) or remove it")
+        return directory, manifest
+
+    def _load_presharded(self, presharded: tuple[Path, dict], plan: list, rank: int, world_size: int,
+                         direct: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """The rank's own file: its slabs, contiguous, nothing of the other ranks'."""
+        directory, manifest = presharded
+        rank_specs = []
+        for entry, spec in plan:
+            made = manifest["shard_dims"].get(entry.name, "absent")
+            if made != spec.shard_dim:
+                raise CheckpointError(f"{directory}: {entry.name} split on dim {made} there, the model splits it "
+                                      f"on dim {spec.shard_dim}: remake it or remove it")
+            shape = tuple(size // world_size if d == spec.shard_dim else size for d, size in enumerate(entry.shape))
+            rank_specs.append(TensorSpec(entry.name, shape, entry.dtype))
+        rank_file = TextCheckpoint(directory / f"rank-{rank}")
+        yield from rank_file.load(rank_specs, allow_unexpected=True, direct=direct)
+
     def load(self, specs: Iterable[TensorSpec] | None = None, rank: int = 0, world_size: int = 1,
              allow_unexpected: bool = False, direct: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (checkpoint name, tensor) for the rank, in file order.
@@ -209,8 +249,9 @@ class TextCheckpoint:
         specs None loads every text tensor whole (no sharding checks). With specs, every spec
         must be present with its shape, and (unless allow_unexpected) every text tensor of the
         checkpoint must be asked for, so a config that does not match the checkpoint is refused
-        rather than half-loaded. direct=True reads with O_DIRECT where the file system has it
-        (see _FileReader; buffered is faster on the disks measured)."""
+        rather than half-loaded. direct=True reads the rank's own bytes with O_DIRECT where the
+        file system has it (see _FileReader). With specs and world_size > 1, a pre-sharded layout
+        of this checkpoint for world_size (write_presharded) is read instead when present."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if specs is None:
@@ -224,6 +265,11 @@ class TextCheckpoint:
                 if extra:
                     raise CheckpointError(f"{self.dir}: {len(extra)} text tensors the model does not expect, "
                                           f"e.g. {extra[:5]}: the config does not match the checkpoint")
+        if specs is not None and world_size > 1:
+            presharded = self._presharded(world_size)
+            if presharded is not None:
+                yield from self._load_presharded(presharded, plan, rank, world_size, direct)
+                return
         plan.sort(key=lambda item: (str(item[0].file), item[0].begin))
         reads = [_plan_read(entry, spec, rank, world_size) for entry, spec in plan]
         pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="inkling-load") if direct else None
@@ -500,3 +546,86 @@ def load_text_tensors(checkpoint_dir: str | os.PathLike, specs: Iterable[TensorS
                       rank: int = 0, world_size: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
     """Convenience: TextCheckpoint(checkpoint_dir).load(...)."""
     return TextCheckpoint(checkpoint_dir).load(specs, rank=rank, world_size=world_size)
+
+
+def split_dims(checkpoint: TextCheckpoint) -> dict[str, int | None]:
+    """Each text tensor's tensor-parallel split dim from the model's name table (None: replicated)."""
+    from inkling_hpu.model.weights import CHECKPOINT_TO_PORT      # the model package only for this
+
+    rules = [(re.compile("^" + re.escape(r.checkpoint).replace(re.escape("{i}"), r"\d+") + "$"), r.dim)
+             for r in CHECKPOINT_TO_PORT]
+    dims = {}
+    for name in checkpoint.text:
+        matched = [dim for pattern, dim in rules if pattern.match(name)]
+        if len(matched) != 1:
+            raise CheckpointError(f"{name}: expected one rule of the port's name table to match, found {len(matched)}")
+        dims[name] = matched[0]
+    return dims
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_presharded(checkpoint_dir: str | os.PathLike, world_size: int) -> Path:
+    """Write <checkpoint>/presharded-tp<N>/: per rank one file with only its slabs (read by this
+    loader's own rank reads), then a manifest with each file's sha256, the split dims and the
+    source checkpoint's fingerprint. The manifest comes last, so a layout without one is unused."""
+    from safetensors.torch import save_file
+
+    checkpoint = TextCheckpoint(checkpoint_dir)
+    directory = checkpoint.dir / PRESHARDED_DIR.format(world_size=world_size)
+    (directory / PRESHARDED_MANIFEST).unlink(missing_ok=True)
+    dims = split_dims(checkpoint)
+    specs = [TensorSpec(name, None, shard_dim=dim) for name, dim in dims.items()]
+    hashes = {}
+    for rank in range(world_size):
+        rank_dir = directory / f"rank-{rank}"
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        tensors = dict(checkpoint.load(specs, rank=rank, world_size=world_size))
+        save_file(tensors, rank_dir / "model.safetensors.partial", metadata={"rank": str(rank)})
+        del tensors
+        os.replace(rank_dir / "model.safetensors.partial", rank_dir / "model.safetensors")
+        hashes[f"rank-{rank}/model.safetensors"] = _sha256(rank_dir / "model.safetensors")
+    manifest = {"world_size": world_size, "source": checkpoint.fingerprint(), "shard_dims": dims, "sha256": hashes}
+    (directory / (PRESHARDED_MANIFEST + ".partial")).write_text(json.dumps(manifest, indent=1))
+    os.replace(directory / (PRESHARDED_MANIFEST + ".partial"), directory / PRESHARDED_MANIFEST)
+    return directory
+
+
+def verify_presharded(directory: str | os.PathLike) -> None:
+    """Each rank file's sha256 against the manifest; CheckpointError names the file, expected and found."""
+    directory = Path(directory)
+    manifest = json.loads((directory / PRESHARDED_MANIFEST).read_text())
+    for name, expected in manifest["sha256"].items():
+        found = _sha256(directory / name)
+        if found != expected:
+            raise CheckpointError(f"{directory / name}: sha256 expected {expected} (manifest), found {found}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inkling_hpu.loader",
+                                     description="Pre-sharded layout of a checkpoint's text tensors, one file per TP rank.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    presplit = sub.add_parser("presplit", help="write <checkpoint>/presharded-tp<N>/ and verify it")
+    presplit.add_argument("checkpoint", type=Path)
+    presplit.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
+    verify = sub.add_parser("verify", help="check a pre-sharded layout's files against its manifest")
+    verify.add_argument("directory", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        directory = write_presharded(args.checkpoint, args.tp) if args.command == "presplit" else args.directory
+        verify_presharded(directory)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{directory}: verified against {PRESHARDED_MANIFEST}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -281,6 +282,57 @@ def test_truncated_file_fails_on_the_small_piece_slab_path(checkpoint, direct):
     with pytest.raises(CheckpointError, match=r"truncated while reading model\.llm\.layers\.0\.attn\.wo_ud\.weight: "
                                               r"got 100 of 16384 bytes"):
         list(ckpt.load([spec], rank=1, world_size=2, allow_unexpected=True, direct=direct))
+
+
+def _name_table_specs(ckpt: TextCheckpoint) -> list[TensorSpec]:
+    return [TensorSpec(name, None, shard_dim=dim) for name, dim in loader.split_dims(ckpt).items()]
+
+
+def test_presharded_layout_is_read_instead_and_holds_only_the_rank_slabs(checkpoint, capsys):
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    specs = _name_table_specs(ckpt)
+    in_place = [dict(ckpt.load(specs, rank=r, world_size=2)) for r in range(2)]
+    assert loader.main(["presplit", str(ckpt_dir), "--tp", "2"]) == 0
+    assert "presharded-tp2: verified against presharded.json" in capsys.readouterr().out
+    for rank in range(2):
+        rank_file = ckpt_dir / "presharded-tp2" / f"rank-{rank}" / "model.safetensors"
+        slab_bytes = sum(t.numel() * t.element_size() for t in in_place[rank].values())
+        assert slab_bytes < rank_file.stat().st_size < slab_bytes + (8 << 10)
+        ckpt = TextCheckpoint(ckpt_dir)
+        before = _rchar()
+        loaded = dict(ckpt.load(specs, rank=rank, world_size=2))
+        assert _rchar() - before < rank_file.stat().st_size + (64 << 10)      # its own file, nothing else
+        assert sorted(loaded) == sorted(in_place[rank])
+        for name, tensor in loaded.items():
+            assert tensor.dtype == in_place[rank][name].dtype and torch.equal(tensor, in_place[rank][name]), name
+
+
+def test_presharded_file_that_changed_fails_verification(checkpoint, capsys):
+    ckpt_dir, _ = checkpoint
+    directory = loader.write_presharded(ckpt_dir, 2)
+    rank_file = directory / "rank-1" / "model.safetensors"
+    data = bytearray(rank_file.read_bytes())
+    data[-1] ^= 1
+    rank_file.write_bytes(bytes(data))
+    assert loader.main(["verify", str(directory)]) == 1
+    assert re.search(r"rank-1/model\.safetensors: sha256 expected [0-9a-f]{64} \(manifest\), found [0-9a-f]{64}",
+                     capsys.readouterr().err)
+
+
+def test_presharded_layout_of_another_checkpoint_or_split_is_refused(checkpoint):
+    ckpt_dir, _ = checkpoint
+    directory = loader.write_presharded(ckpt_dir, 2)
+    ckpt = TextCheckpoint(ckpt_dir)
+    specs = _name_table_specs(ckpt)
+    resplit = [TensorSpec(s.name, None, shard_dim=1) if s.name.endswith("wq_du.weight") else s for s in specs]
+    with pytest.raises(CheckpointError, match=r"wq_du\.weight split on dim 0 there, the model splits it on dim 1"):
+        list(ckpt.load(resplit, rank=0, world_size=2))
+    manifest = json.loads((directory / "presharded.json").read_text())
+    (directory / "presharded.json").write_text(json.dumps(manifest | {"source": "0" * 64}))
+    with pytest.raises(CheckpointError, match=f"made from a checkpoint with fingerprint {'0' * 64}, this one has "
+                                              f"{ckpt.fingerprint()}: remake it"):
+        list(ckpt.load(specs, rank=0, world_size=2))
 
 
 def test_garbage_header_length_is_refused(tmp_path):
