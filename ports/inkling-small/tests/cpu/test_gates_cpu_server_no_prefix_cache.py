@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from cpu_server_helpers import cpu_server, rows, run_gates
+from cpu_server_helpers import prepared, rows, run_gates
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def test_prefix_cache_gate_fails_with_caching_off(tmp_path):
-    with cpu_server.prepared(tmp_path / "server.log", ["--no-enable-prefix-caching"]) as server:
+    with prepared(tmp_path / "server.log", ["--no-enable-prefix-caching"]) as server:
         code, report, _ = run_gates(server, "quick", "--only", "prefix-cache")
     row = rows(report)["prefix-cache"]
     assert code == 1 and row["passed"] is False, f"expected the gate to fail, found exit {code}: {row}"

@@ -509,6 +509,7 @@ def gate_three_resident() -> tuple[bool | None, str]:
 DECODE_STREAMS = int(os.environ.get("DECODE_STREAMS", "15"))   # --max-num-seqs 16 less the long prompt
 STREAM_WARMUP_S = float(os.environ.get("STREAM_WARMUP_S", "30"))
 STREAM_WINDOW_S = float(os.environ.get("STREAM_WINDOW_S", "30"))
+ADMIT_TIMEOUT_S = float(os.environ.get("ADMIT_TIMEOUT_S", "120"))  # long prompt not running by then: queued
 
 
 def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
@@ -558,7 +559,15 @@ def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
                     sampler_stop.wait(0.05)
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-            found = run_needle(size, 0.5, seed=4000)
+            long_result: list = []
+            long_thread = threading.Thread(target=lambda: long_result.append(run_needle(size, 0.5, seed=4000)),
+                                           daemon=True)
+            long_thread.start()
+            while long_thread.is_alive() and watch.first_time(n + 1) is None \
+                    and time.perf_counter() - sent < ADMIT_TIMEOUT_S:
+                long_thread.join(0.1)
+            if watch.first_time(n + 1) is not None:
+                long_thread.join(TIMEOUT)
             ended = time.perf_counter()
             sampler_stop.set()
             sampler.join(5)
@@ -569,8 +578,12 @@ def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
         for t in threads:
             t.join(30)
     if admitted is None:
-        return False, (f"fail: the long prompt never ran beside the {n} streams (most running at once "
-                       f"{watch.max_running():.0f}, expected {n + 1}): it queued")
+        long_thread.join(TIMEOUT)                                  # runs alone now that the streams stopped
+        return False, (f"fail: the long prompt did not run beside the {n} streams within {ended - sent:.0f} s "
+                       f"(most running at once {watch.max_running():.0f}, expected {n + 1}): it queued")
+    if not long_result:
+        return False, f"fail: the long prompt did not finish within {TIMEOUT:.0f} s of its admission"
+    found = long_result[0]
     tokens_at = lambda t: next((c for when, c in snapshots if when >= t), snapshots[-1][1])  # noqa: E731
     during = (snapshots[-1][1] - tokens_at(admitted)) / max(ended - admitted, 1e-9) / n
     result = (f"{size:,}-token prompt beside {n} streams: admitted after {admitted - sent:.1f} s, ran "

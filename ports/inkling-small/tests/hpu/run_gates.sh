@@ -32,6 +32,7 @@ Environment:
   LOGPROB_REQUESTS  logprobs requests (default 200)
   DECODE_STREAMS    streams beside the long prompt (default 15: --max-num-seqs 16 less one)
   STREAM_WARMUP_S, STREAM_WINDOW_S   seconds before measuring the streams, and measured (30, 30)
+  ADMIT_TIMEOUT_S   the long prompt not running beside the streams by then: it queued, fail (120)
   GATE_TIMEOUT      seconds per request (default 900)
 
 Exit codes: 0 every gate passed (skipped gates say why), 1 a gate failed, 2 usage error,
