@@ -192,14 +192,6 @@ def reference_logits(reference: torch.nn.Module, tokens: list[int], vocab_out: i
 # --------------------------------------------------------------------------------------------------
 # Port runs
 # --------------------------------------------------------------------------------------------------
-@dataclass
-class PortSetup:
-    model: InklingForCausalLM
-    block_size: int
-    num_blocks: int
-    pad_block: int
-
-
 def build_port(raw_config: dict[str, Any], checkpoint: dict[str, torch.Tensor], dtype: torch.dtype,
                knobs: Knobs) -> InklingForCausalLM:
     config = InklingPortConfig.from_dict({k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS})
@@ -293,7 +285,6 @@ def make_workload(raw_config: dict[str, Any], vocab_out: int, seed: int) -> Work
 
 def run_port(model: InklingForCausalLM, work: Workload, seed: int) -> dict[str, Any]:
     """The port's logits per phase: {"prefill_chunked": [P, V], "decode": [D, V], "mixed": [[L_r, V]...]}."""
-    prompt_len = sum(work.chunk_sizes)
     session = PortSession(model, work.block_size, len(work.single), num_requests=1, seed=seed)
     prefill, done = [], 0
     for size in work.chunk_sizes:
@@ -331,7 +322,6 @@ def run_port(model: InklingForCausalLM, work: Workload, seed: int) -> dict[str, 
 
 
 def run_reference(reference: torch.nn.Module, work: Workload, vocab_out: int) -> dict[str, Any]:
-    prompt_len = sum(work.chunk_sizes)
     single = reference_logits(reference, work.single, vocab_out)
     return {"prefill_chunked": single[:prompt_len], "decode": single[prompt_len:],
             "mixed": [reference_logits(reference, s, vocab_out) for s in work.sequences]}
