@@ -20,8 +20,9 @@ slabs of the same checkpoint at once, vs one plain sequential read of the text b
 
   tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is
   tp_port_direct   the same with direct=True
-  tp_presharded    each rank reads its own file holding only its slabs (a one-time pre-sharded
-                   layout, written here by the loader itself)
+  tp_presharded    the same load, on a copy of the checkpoint (symlinks) that also holds the port's
+                   pre-sharded layout (python -m inkling_hpu.loader presplit DIR --tp 8): each
+                   rank reads its own file, which holds only its slabs
 
 Every method touches every page of every tensor it returns (a lazy mmap is not read until touched).
 Before each run the files are dropped from the page cache (posix_fadvise DONTNEED), so the bytes
@@ -49,8 +50,8 @@ from safetensors.torch import save_file
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ports" / "inkling-small"))
 
-from inkling_hpu.loader import TensorSpec, TextCheckpoint  # noqa: E402
-from inkling_hpu.model.weights import CHECKPOINT_TO_PORT  # noqa: E402
+from inkling_hpu.loader import (PRESHARDED_DIR, PRESHARDED_MANIFEST, TensorSpec, TextCheckpoint,  # noqa: E402
+                                split_dims, verify_presharded, write_presharded)
 
 DEFAULT_DIR = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "bench-text-only-load"
 MIB = 1 << 20
@@ -84,7 +85,7 @@ def build_checkpoint(directory: Path, total_gib: float) -> None:
     if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    for old in [*directory.glob("*.safetensors"), *directory.glob("tp*/rank-*/*")]:
+    for old in directory.glob("*.safetensors"):
         old.unlink()
     total = int(total_gib * 1024 * MIB)
     num_shards, layers_per_shard = 4, 6
@@ -126,30 +127,23 @@ def build_checkpoint(directory: Path, total_gib: float) -> None:
 
 def tp_specs(ckpt: TextCheckpoint) -> list[TensorSpec]:
     """Each text tensor with its split dim from the port's name table (None: replicated)."""
-    rules = [(re.compile("^" + re.escape(r.checkpoint).replace(re.escape("{i}"), r"\d+") + "$"), r.dim)
-             for r in CHECKPOINT_TO_PORT]
-    specs = []
-    for name in ckpt.text:
-        dims = [dim for pattern, dim in rules if pattern.match(name)]
-        if len(dims) != 1:
-            raise RuntimeError(f"{name}: expected one rule of the port's name table to match, found {len(dims)}")
-        specs.append(TensorSpec(name, None, shard_dim=dims[0]))
-    return specs
+    return [TensorSpec(name, None, shard_dim=dim) for name, dim in split_dims(ckpt).items()]
 
 
-def build_presharded(directory: Path, world_size: int) -> list[Path]:
-    """Per-rank directories, each one file with only that rank's slabs (for the comparison)."""
-    ckpt = TextCheckpoint(directory)
-    specs = tp_specs(ckpt)
-    stamp = directory / f"tp{world_size}" / "built.json"
-    wanted = json.loads((directory / "built.json").read_text())
-    dirs = [directory / f"tp{world_size}" / f"rank-{r}" for r in range(world_size)]
-    if not (stamp.is_file() and json.loads(stamp.read_text()) == wanted):
-        for rank, rank_dir in enumerate(dirs):
-            rank_dir.mkdir(parents=True, exist_ok=True)
-            save_file(dict(ckpt.load(specs, rank=rank, world_size=world_size)), rank_dir / "model.safetensors")
-        stamp.write_text(json.dumps(wanted))
-    return dirs
+def build_presharded(directory: Path, world_size: int) -> Path:
+    """A second view of the checkpoint (symlinks to its files) that also holds the port's
+    pre-sharded layout (write_presharded, as `python -m inkling_hpu.loader presplit` makes it), so
+    the same rank load reads it instead of the slabs in place."""
+    linked = directory.parent / f"{directory.name}-presharded"
+    linked.mkdir(exist_ok=True)
+    for source in [*directory.glob("*.safetensors"), directory / "model.safetensors.index.json"]:
+        if not (linked / source.name).is_symlink():
+            (linked / source.name).symlink_to(source.resolve())
+    manifest = linked / PRESHARDED_DIR.format(world_size=world_size) / PRESHARDED_MANIFEST
+    if not manifest.is_file() or json.loads(manifest.read_text())["source"] != TextCheckpoint(linked).fingerprint():
+        write_presharded(linked, world_size)
+        verify_presharded(manifest.parent)
+    return linked
 
 
 def drop_cache(files: list[Path]) -> None:
@@ -261,17 +255,13 @@ def run_safe_open(files: list[Path]) -> int:
 def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, commands, barrier, results) -> None:
     """One rank, kept alive across runs: waits for a method, then loads its slabs when all ranks
     (and the parent's clock) pass the barrier. Reports seconds, storage bytes, bytes asked of the
-    file system (rchar) and the bytes of the tensors it got."""
-    ckpt_dir, own_dir = Path(directory), Path(presharded)
-    specs = tp_specs(TextCheckpoint(ckpt_dir))
+    file system (rchar), the bytes of the tensors it got and CPU seconds."""
+    specs = tp_specs(TextCheckpoint(directory))
     while (method := commands.get()) is not None:
         barrier.wait()
         before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
-        if method == "tp_presharded":
-            loaded = TextCheckpoint(own_dir).load()
-        else:
-            loaded = TextCheckpoint(ckpt_dir).load(specs, rank=rank, world_size=world_size,
-                                                   direct=method == "tp_port_direct")
+        ckpt = TextCheckpoint(presharded if method == "tp_presharded" else directory)
+        loaded = ckpt.load(specs, rank=rank, world_size=world_size, direct=method == "tp_port_direct")
         produced = sum(_consume(tensor) for _, tensor in loaded)
         seconds, after = time.perf_counter() - start, _io_counters()
         results.put((rank, seconds, after["read_bytes"] - before["read_bytes"], after["rchar"] - before["rchar"],
@@ -297,13 +287,13 @@ def _summary(runs: list[tuple], text_bytes: int, base_time: float) -> dict:
 
 def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
     world = args.tp
-    rank_dirs = build_presharded(args.dir, world)
-    files = files + [d / "model.safetensors" for d in rank_dirs]
+    presharded = build_presharded(args.dir, world)
+    files = files + sorted((presharded / PRESHARDED_DIR.format(world_size=world)).glob("rank-*/*.safetensors"))
     text_bytes = ckpt.text_bytes
     ctx = multiprocessing.get_context("spawn")
     commands = [ctx.Queue() for _ in range(world)]
     barrier, results = ctx.Barrier(world + 1), ctx.Queue()
-    workers = [ctx.Process(target=_rank_worker, args=(r, world, str(args.dir), str(rank_dirs[r]), commands[r],
+    workers = [ctx.Process(target=_rank_worker, args=(r, world, str(args.dir), str(presharded), commands[r],
                                                       barrier, results)) for r in range(world)]
     for w in workers:
         w.start()
