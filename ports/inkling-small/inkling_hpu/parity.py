@@ -323,6 +323,7 @@ def run_port(model: InklingForCausalLM, work: Workload, seed: int) -> dict[str, 
 
 def run_reference(reference: torch.nn.Module, work: Workload, vocab_out: int) -> dict[str, Any]:
     single = reference_logits(reference, work.single, vocab_out)
+    prompt_len = sum(work.chunk_sizes)
     return {"prefill_chunked": single[:prompt_len], "decode": single[prompt_len:],
             "mixed": [reference_logits(reference, s, vocab_out) for s in work.sequences]}
 
