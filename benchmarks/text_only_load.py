@@ -27,7 +27,8 @@ slabs of the same checkpoint at once, vs one plain sequential read of the text b
 Every method touches every page of every tensor it returns (a lazy mmap is not read until touched).
 Before each run the files are dropped from the page cache (posix_fadvise DONTNEED), so the bytes
 come from storage; "read" is /proc/<pid>/io read_bytes (storage reads, readahead included), summed
-over the ranks with --tp. Prints min/median/max times and ratios, and the disk the files are on.
+over the ranks with --tp. Prints min/median/max times, CPU seconds, throughput vs plain (ratio of
+medians, and "paired": median over the rounds of each round's ratio), and the disk the files are on.
 
     python benchmarks/text_only_load.py [--gib 2.5] [--runs 7] [--tp 8] [--dir DIR] [--json]
 """
@@ -273,16 +274,20 @@ def _cpu_seconds() -> float:
     return times.user + times.system
 
 
-def _summary(runs: list[tuple], text_bytes: int, base_time: float) -> dict:
-    """runs: (wall seconds, storage bytes, CPU seconds, ...) per run."""
+def _summary(runs: list[tuple], text_bytes: int, plain: list[tuple]) -> dict:
+    """runs: (wall seconds, storage bytes, CPU seconds, ...) per run; plain: the baseline's runs.
+    "paired" is the median of plain/method over the rounds (each round runs every method once,
+    back to back), which cancels load that drifts between rounds."""
     times = [r[0] for r in runs]
+    base_time = statistics.median(r[0] for r in plain)
     median = statistics.median(times)
     read = statistics.median(r[1] for r in runs)
     return {"min_seconds": round(min(times), 3), "median_seconds": round(median, 3),
             "max_seconds": round(max(times), 3), "median_cpu_seconds": round(statistics.median(r[2] for r in runs), 3),
             "median_read_bytes": int(read),
             "read_vs_text": round(read / text_bytes, 4), "text_gb_per_s": round(text_bytes / median / 1e9, 3),
-            "throughput_vs_plain": round(base_time / median, 3)}
+            "throughput_vs_plain": round(base_time / median, 3),
+            "paired_vs_plain": round(statistics.median(p[0] / r[0] for p, r in zip(plain, runs)), 3)}
 
 
 def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
@@ -325,9 +330,8 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
             w.join()
     slab_bytes = [r[4] for r in samples["tp_presharded"][0][3]]
     out = {"world_size": world, "text_bytes": text_bytes, "rank_slab_bytes": slab_bytes, "methods": {}}
-    base = statistics.median(s[0] for s in samples["plain"])
     for method, runs in samples.items():
-        r = _summary(runs, text_bytes, base)
+        r = _summary(runs, text_bytes, samples["plain"])
         if method != "plain":
             def per_rank(field: int) -> list[float]:             # median over the runs, per rank
                 return [statistics.median(x) for x in zip(*[[rank[field] for rank in s[3]] for s in runs])]
@@ -354,8 +358,7 @@ def run_single(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
             if name != "safe_open" and produced != text_bytes:     # safe_open returns every tensor
                 raise RuntimeError(f"{name} produced {produced} bytes of tensors, expected {text_bytes}")
             samples[name].append((seconds, after["read_bytes"] - before["read_bytes"], _cpu_seconds() - cpu))
-    base = statistics.median(s[0] for s in samples["plain"])
-    return {"methods": {name: _summary(runs, text_bytes, base) for name, runs in samples.items()}}
+    return {"methods": {name: _summary(runs, text_bytes, samples["plain"]) for name, runs in samples.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,11 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     what = f"{args.tp} ranks at once vs one plain read" if args.tp else "one process"
     print(f"{what}; cold cache; {args.runs} runs per method, methods interleaved")
     print(f"{'method':<15} {'min s':>6} {'median':>7} {'max s':>6} {'CPU s':>6} {'read GB':>8} {'read/text':>10} "
-          f"{'text GB/s':>10} {'vs plain':>9}")
+          f"{'text GB/s':>10} {'vs plain':>9} {'paired':>7}")
     for name, r in results["methods"].items():
         print(f"{name:<15} {r['min_seconds']:>6.2f} {r['median_seconds']:>7.2f} {r['max_seconds']:>6.2f} "
               f"{r['median_cpu_seconds']:>6.2f} {r['median_read_bytes'] / 1e9:>8.3f} {r['read_vs_text']:>9.4f}x "
-              f"{r['text_gb_per_s']:>10.2f} {r['throughput_vs_plain']:>8.2f}x")
+              f"{r['text_gb_per_s']:>10.2f} {r['throughput_vs_plain']:>8.2f}x {r['paired_vs_plain']:>6.2f}x")
     if args.tp:
         slabs = results["rank_slab_bytes"]
         print(f"per rank (GB, medians): own slab {slabs[0] / 1e9:.3f} each ({sum(slabs) / ckpt.text_bytes:.3f}x "
