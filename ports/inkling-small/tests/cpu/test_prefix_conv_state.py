@@ -26,6 +26,12 @@ def _prompt(seed: int, length: int, vocab: int) -> list[int]:
     return [(seed * 31 + 7 * i + (i * i) % 13) % vocab for i in range(length)]
 
 
+# The page's INKLING_* knobs (recipe.yaml); the bias budget is scaled to the tiny model so that prefill
+# attention is really split into chunks.
+PAGE_KNOBS = {"INKLING_PREFILL_BIAS_BUDGET": "65536", "INKLING_DECODE_WINDOW_PLUS1": "1",
+              "INKLING_MOE_SINGLE_REDUCE": "1", "INKLING_LOCAL_WINDOW_PREFILL": "1", "INKLING_STEP_HOIST": "1"}
+
+
 def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8):
     """The port in vllm-gaudi's real runner + vLLM's real scheduler; returns (engine, reference, raw)."""
     sys.path.insert(0, port_dir)
@@ -86,6 +92,18 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8):
         return logits
 
     glue.compute_logits = recording
+    # Spy: how many decode calls carried the local layers' decode-window lists (the pristine port,
+    # which builds its metadata on the CPU, has no step_metadata).
+    engine.window_decodes = 0
+    step_metadata = getattr(glue, "step_metadata", None)
+
+    def recording_metadata(*args, **kwargs):
+        meta = step_metadata(*args, **kwargs)
+        engine.window_decodes += int(getattr(meta.groups[0], "window_block_list", None) is not None)
+        return meta
+
+    if step_metadata is not None:
+        glue.step_metadata = recording_metadata
     return engine, reference, raw
 
 
@@ -124,14 +142,20 @@ def _try_run(engine) -> str | None:
     return None
 
 
-def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int = 6) -> dict:
-    """A and B share their first 300 tokens (310-token prompts), concurrently and one after the other."""
+def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int = 6, page_knobs: bool = False) -> dict:
+    """A and B share their first 300 tokens (310-token prompts), concurrently and one after the other.
+    page_knobs: the page's INKLING_* settings (the runner then builds the decode-window lists)."""
+    import os
+
+    if page_knobs:
+        os.environ.update(PAGE_KNOBS)
     engine, reference, raw = _serve(port_dir, float32)
+    result_window = getattr(engine.runner, "inkling_window", None)
     vocab = raw.get("unpadded_vocab_size", raw["vocab_size"])
     shared = _prompt(1, 300, vocab)
     prompts = {"A": shared + _prompt(2, 10, vocab), "B": shared + _prompt(3, 10, vocab)}
     expected = {name: _reference_tokens(reference, p, new_tokens, vocab) for name, p in prompts.items()}
-    result = {"expected": expected}
+    result = {"expected": expected, "runner_inkling_window": result_window}
     # concurrently: both admitted in the same step
     for name, prompt in prompts.items():
         engine.add(f"c{name}", prompt, new_tokens)
@@ -140,6 +164,7 @@ def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int 
     result["concurrent_logits_error"] = {n: _logits_error(engine, reference, p, expected[n], vocab)
                                          for n, p in prompts.items()}
     result["concurrent_admitted_at"] = {n: engine.admitted_at.get(f"c{n}") for n in prompts}
+    result["window_decodes"] = engine.window_decodes
     # one after the other, on a fresh engine
     engine, _, _ = _serve(port_dir, float32)
     result["sequential_error"] = None
@@ -223,13 +248,17 @@ def scenario_preemption(port_dir: str, new_tokens: int = 8) -> dict:
 
 @pytest.fixture(scope="module")
 def served_vllm_gaudi(vllm_gaudi_src, tmp_path_factory) -> Path:
-    """vllm-gaudi with the v0.30.0 profile's default fixes, as the page serves it (resumed-prefill-logits
-    matters here: without it a request resumed after preemption samples from an old prompt row)."""
-    from cookbook.api import DEFAULT_PROFILE, load_profile
+    """vllm-gaudi with the v0.30.0 profile's default fixes and the port's runner patches, as the page's
+    image serves it (resumed-prefill-logits matters here: without it a request resumed after
+    preemption samples from an old prompt row)."""
+    from cookbook import api
     from gaudi_harness.compare import patched_tree
 
-    profile = load_profile(DEFAULT_PROFILE)
-    return patched_tree(vllm_gaudi_src, list(profile.fixes), tmp_path_factory.mktemp("served_vllm_gaudi"))
+    profile = api.load_profile(api.DEFAULT_PROFILE)
+    tree = patched_tree(vllm_gaudi_src, list(profile.fixes), tmp_path_factory.mktemp("served_vllm_gaudi"))
+    port = api.load_profile(str(Path(__file__).resolve().parents[2] / "patches" / "port.yaml"))
+    api.apply_unpinned(port, {"vllm-gaudi": tree}, list(port.fixes))
+    return tree
 
 
 @pytest.fixture(scope="module")
@@ -266,16 +295,20 @@ def test_shared_prefix_fails_before_snapshots(served_vllm_gaudi, vllm_src, prist
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir):
+@pytest.mark.parametrize("page_knobs", [False, True], ids=["knobs-off", "page-knobs"])
+def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, page_knobs):
     """A and B share 300 tokens; B is a prefix-cache hit on A's first two blocks (256 tokens served
     from cache) and starts from block 1's conv snapshot. Concurrently (B's hit on blocks A fills in the
     same step) and one after the other: fp32 greedy tokens equal transformers', and every sampled
-    position's logits equal transformers' to about 1e-6."""
+    position's logits equal transformers' to about 1e-6. With the page's knobs the runner builds the
+    decode-window lists (2 blocks for window 64) and the local layers decode from them."""
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
-                       port_dir=str(port_dir))
+                       port_dir=str(port_dir), page_knobs=page_knobs)
     print(json.dumps(out))
+    assert out["runner_inkling_window"] == (64 if page_knobs else None), out
+    assert (out["window_decodes"] > 0) == page_knobs, out
     assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
     for mode in ("concurrent", "sequential"):
         assert out[f"{mode}_error"] is None, out
