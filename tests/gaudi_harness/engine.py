@@ -6,7 +6,10 @@ HPUModelRunner on CPU, one engine step at a time, as EngineCore.step does:
 
 Unlike drivers.StepDriver (hand-made SchedulerOutputs, no KV cache manager), block ids, prefix-cache
 hits (num_computed_tokens at admission) and preemptions are the scheduler's own. The runner's KV
-tensors must hold `num_blocks` blocks (plus vllm-gaudi's pad block). Synchronous scheduling only.
+tensors must hold `num_blocks` blocks (plus vllm-gaudi's pad block). The scheduler class is the one the
+config selects (`get_scheduler_cls`: with async scheduling vLLM's AsyncScheduler, which vllm-gaudi
+rebinds to HPUAsyncScheduler). Under async scheduling each step's output is still resolved before the
+next step is scheduled (no overlap of step N+1 with N, as drivers.StepDriver).
 """
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ class EngineDriver:
     def __init__(self, runner, num_blocks: int):
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.structured_output import StructuredOutputManager
@@ -33,7 +35,8 @@ class EngineDriver:
                                         kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         config.cache_config.num_gpu_blocks = num_blocks
         register_all_kvcache_specs(config)
-        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_cache_config, block_size=block_size,
+        scheduler_cls = config.scheduler_config.get_scheduler_cls()
+        self.scheduler = scheduler_cls(vllm_config=config, kv_cache_config=kv_cache_config, block_size=block_size,
                                    log_stats=True, structured_output_manager=StructuredOutputManager(config))
         self.requests: dict = {}
         self.admitted_at: dict[str, list[int]] = {}   # req_id -> num_computed_tokens at each admission

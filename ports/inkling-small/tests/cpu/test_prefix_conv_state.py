@@ -32,7 +32,7 @@ PAGE_KNOBS = {"INKLING_PREFILL_BIAS_BUDGET": "65536", "INKLING_DECODE_WINDOW_PLU
               "INKLING_MOE_SINGLE_REDUCE": "1", "INKLING_LOCAL_WINDOW_PREFILL": "1", "INKLING_STEP_HOIST": "1"}
 
 
-def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8):
+def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling: bool = False):
     """The port in vllm-gaudi's real runner + vLLM's real scheduler; returns (engine, reference, raw)."""
     sys.path.insert(0, port_dir)
     import tempfile
@@ -62,7 +62,7 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8):
     save_file({k: v.contiguous() for k, v in parity.reference_to_checkpoint(reference).items()},
               model_dir / "model.safetensors")
     vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048, enable_prefix_caching=True,
-                                            max_num_seqs=max_num_seqs)
+                                            max_num_seqs=max_num_seqs, async_scheduling=async_scheduling)
     runner = builders.make_runner(vllm_config)
     runner.bucketing_manager.num_hpu_blocks = NUM_BLOCKS     # what initialize_kv_cache sets
     if float32:
@@ -142,20 +142,23 @@ def _try_run(engine) -> str | None:
     return None
 
 
-def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int = 6, page_knobs: bool = False) -> dict:
+def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int = 6, page_knobs: bool = False,
+                           async_scheduling: bool = False) -> dict:
     """A and B share their first 300 tokens (310-token prompts), concurrently and one after the other.
-    page_knobs: the page's INKLING_* settings (the runner then builds the decode-window lists)."""
+    page_knobs: the page's INKLING_* settings (the runner then builds the decode-window lists);
+    async_scheduling: vLLM 0.30.0's default (the page does not turn it off)."""
     import os
 
     if page_knobs:
         os.environ.update(PAGE_KNOBS)
-    engine, reference, raw = _serve(port_dir, float32)
+    engine, reference, raw = _serve(port_dir, float32, async_scheduling=async_scheduling)
+    result = {"scheduler": type(engine.scheduler).__name__}
     result_window = getattr(engine.runner, "inkling_window", None)
     vocab = raw.get("unpadded_vocab_size", raw["vocab_size"])
     shared = _prompt(1, 300, vocab)
     prompts = {"A": shared + _prompt(2, 10, vocab), "B": shared + _prompt(3, 10, vocab)}
     expected = {name: _reference_tokens(reference, p, new_tokens, vocab) for name, p in prompts.items()}
-    result = {"expected": expected, "runner_inkling_window": result_window}
+    result.update(expected=expected, runner_inkling_window=result_window)
     # concurrently: both admitted in the same step
     for name, prompt in prompts.items():
         engine.add(f"c{name}", prompt, new_tokens)
@@ -166,7 +169,7 @@ def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int 
     result["concurrent_admitted_at"] = {n: engine.admitted_at.get(f"c{n}") for n in prompts}
     result["window_decodes"] = engine.window_decodes
     # one after the other, on a fresh engine
-    engine, _, _ = _serve(port_dir, float32)
+    engine, _, _ = _serve(port_dir, float32, async_scheduling=async_scheduling)
     result["sequential_error"] = None
     for name, prompt in prompts.items():
         engine.add(f"s{name}", prompt, new_tokens)
@@ -224,7 +227,7 @@ def scenario_hit_vs_cold(port_dir: str, float32: bool = True, new_tokens: int = 
     return {"prompts": results}
 
 
-def scenario_preemption(port_dir: str, new_tokens: int = 8) -> dict:
+def scenario_preemption(port_dir: str, new_tokens: int = 8, async_scheduling: bool = False) -> dict:
     """A (300-token prompt) and B (200) decode together; A is preempted after 3 of its tokens, once
     resuming on its still-cached blocks (prefix hit at 256) and once with those blocks evicted
     (recompute from 0). Tokens are compared with an unpreempted run and with transformers."""
@@ -233,7 +236,7 @@ def scenario_preemption(port_dir: str, new_tokens: int = 8) -> dict:
     prompts = {"A": _prompt(4, 300, vocab), "B": _prompt(5, 200, vocab)}
     result = {"expected": {n: _reference_tokens(reference, p, new_tokens, vocab) for n, p in prompts.items()}}
     for case in ("none", "cached", "recompute"):
-        engine, _, _ = _serve(port_dir, True)
+        engine, _, _ = _serve(port_dir, True, async_scheduling=async_scheduling)
         for name, prompt in prompts.items():
             engine.add(name, prompt, new_tokens)
         while len(engine.outputs("A")) < 3:
@@ -295,8 +298,9 @@ def test_shared_prefix_fails_before_snapshots(served_vllm_gaudi, vllm_src, prist
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("page_knobs", [False, True], ids=["knobs-off", "page-knobs"])
-def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, page_knobs):
+@pytest.mark.parametrize("page_knobs, async_scheduling", [(False, False), (True, False), (True, True)],
+                         ids=["knobs-off", "page-knobs", "page-knobs-async"])
+def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, page_knobs, async_scheduling):
     """A and B share 300 tokens; B is a prefix-cache hit on A's first two blocks (256 tokens served
     from cache) and starts from block 1's conv snapshot. Concurrently (B's hit on blocks A fills in the
     same step) and one after the other: fp32 greedy tokens equal transformers', and every sampled
@@ -305,8 +309,9 @@ def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, 
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
-                       port_dir=str(port_dir), page_knobs=page_knobs)
+                       port_dir=str(port_dir), page_knobs=page_knobs, async_scheduling=async_scheduling)
     print(json.dumps(out))
+    assert out["scheduler"] == ("HPUAsyncScheduler" if async_scheduling else "Scheduler"), out
     assert out["runner_inkling_window"] == (64 if page_knobs else None), out
     assert (out["window_decodes"] > 0) == page_knobs, out
     assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
@@ -353,11 +358,12 @@ def test_hit_vs_cold_bf16_identical_or_near_tie(served_vllm_gaudi, vllm_src, por
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_preempted_request_gives_the_unpreempted_tokens(served_vllm_gaudi, vllm_src, port_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_preempted_request_gives_the_unpreempted_tokens(served_vllm_gaudi, vllm_src, port_dir, async_scheduling):
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_preemption", served_vllm_gaudi, vllm_src, timeout=1100,
-                       port_dir=str(port_dir))
+                       port_dir=str(port_dir), async_scheduling=async_scheduling)
     print(json.dumps(out))
     assert out["none"]["tokens"] == out["expected"], out
     # resumed on its cached blocks: admitted again at 256 (prompt 300 + 3 tokens, 2 full blocks)
