@@ -57,7 +57,7 @@ from inkling_hpu.loader import (PRESHARDED_DIR, PRESHARDED_MANIFEST, TensorSpec,
 DEFAULT_DIR = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "bench-text-only-load"
 MIB = 1 << 20
 HIDDEN = 2048
-EXPERTS = 2          # few, large experts: a TP 8 slab of w13 is then E pieces of 1.75 MiB, 14 MiB apart
+EXPERTS = 2          # few, large experts: a TP 8 slab of w13 is then E pieces of 1.7 MiB, 13.5 MiB apart
 
 
 def _io_counters() -> dict[str, int]:
