@@ -180,6 +180,24 @@ def conv_snapshot_line(layers: list[tuple[int, int]], hidden_size: int, kernel_s
             f"({num_blocks * conv / 2**30:.2f} GiB of it conv state)")
 
 
+PORT_PROFILE = "inkling-small-port"
+PAGES_PATCH = "conv-snapshot-pages"
+
+
+def pages_patch_missing(stamp: dict | None) -> str | None:
+    """What is wrong when vllm-gaudi (its fix-pack stamp, {} without one; None: not installed) does not
+    carry the port's runner patch that puts the conv snapshots in the KV page, else None."""
+    if stamp is None:
+        return None
+    entry = (stamp.get("profiles") or {}).get(PORT_PROFILE) or {}
+    applied = [fix.get("name") for fix in entry.get("fixes", []) if isinstance(fix, dict)]
+    if PAGES_PATCH in applied:
+        return None
+    return (f"vllm-gaudi's stamp: expected the port's runner patch {PAGES_PATCH} (profile {PORT_PROFILE}), found "
+            f"{', '.join(applied) or 'no port patch'}. The conv-state snapshots are then allocated outside "
+            "vLLM's KV pool sizing; apply ports/inkling-small/patches/port.yaml (install.sh does).")
+
+
 def kv_groups_summary(kv_cache_groups: list[Any]) -> str:
     """'FullAttentionSpecx42' for one group of 42 full-attention layers (vLLM KVCacheGroupSpec)."""
     return ", ".join(f"{type(g.kv_cache_spec).__name__}x{len(g.layer_names)}" for g in kv_cache_groups)

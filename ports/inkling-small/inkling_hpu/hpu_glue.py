@@ -19,6 +19,7 @@ graphs, TP collectives, the KV allocation of initialize_kv_cache.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Iterable
@@ -55,6 +56,20 @@ def _gaudi_runtime_config():
     except ImportError:
         return None
     return get_config()
+
+
+def _vllm_gaudi_stamp() -> dict | None:
+    """The fix-pack stamp of the installed vllm_gaudi (what install.sh applied), None without vllm_gaudi."""
+    try:
+        import vllm_gaudi
+    except ImportError:
+        return None
+    stamp = os.path.join(os.path.dirname(vllm_gaudi.__file__), "cookbook-fixes.json")
+    try:
+        with open(stamp) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.PathLike) -> TextCheckpoint:
@@ -292,6 +307,9 @@ class HpuInklingForCausalLM(nn.Module):
             logger.info("Inkling %s", guards.conv_snapshot_line(
                 shapes, self.config.hidden_size, self.config.conv_kernel_size, self.block_size,
                 torch.empty(0, dtype=self.inkling.dtype).element_size(), pad_block))
+            missing = guards.pages_patch_missing(_vllm_gaudi_stamp())
+            if missing:
+                logger.warning("Inkling: %s", missing)
             self._logged_kv_line = True
         return InklingCaches(block_size=self.block_size, layers=layers), pad_block
 

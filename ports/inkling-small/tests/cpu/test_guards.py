@@ -139,3 +139,13 @@ def test_kv_cache_config_check_with_real_vllm_specs(vllm_src, port_dir):
     assert "found 1000 blocks = 128000 tokens" in out["small"]
     assert ("KV groups: expected one group FullAttentionSpecx42, found 2 "
             "(FullAttentionSpecx7, SlidingWindowSpecx35)") in out["split"]
+
+
+def test_pages_patch_missing_names_expected_and_found():
+    assert guards.pages_patch_missing(None) is None                      # no vllm_gaudi: nothing to say
+    stamp = {"profiles": {"inkling-small-port": {"fixes": [{"name": "decode-window"}, {"name": "conv-snapshot-pages"}]}}}
+    assert guards.pages_patch_missing(stamp) is None
+    old = {"profiles": {"inkling-small-port": {"fixes": [{"name": "decode-window"}]}}}
+    assert "expected the port's runner patch conv-snapshot-pages (profile inkling-small-port), found decode-window" \
+        in guards.pages_patch_missing(old)
+    assert "found no port patch" in guards.pages_patch_missing({})
