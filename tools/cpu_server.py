@@ -99,13 +99,14 @@ class CpuServer:
     """One server process group: `start()` waits until /v1/models answers (or raises with the log's
     tail), `stop()` sends SIGTERM, then SIGKILL after STOP_TIMEOUT."""
 
-    def __init__(self, venv: Path, model: Path, log: Path, extra_args=(), port: int | None = None):
+    def __init__(self, venv: Path, model: Path, log: Path, extra_args=(), port: int | None = None,
+                 env: dict | None = None):
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.cmd = ([str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                      "--host", "127.0.0.1", "--port", str(self.port)] + cpu_serve_args(load_recipe()) + list(extra_args))
-        self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()}}
+        self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()}, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = START_TIMEOUT) -> "CpuServer":

@@ -512,16 +512,16 @@ STREAM_WINDOW_S = float(os.environ.get("STREAM_WINDOW_S", "30"))
 ADMIT_TIMEOUT_S = float(os.environ.get("ADMIT_TIMEOUT_S", "120"))  # long prompt not running by then: queued
 
 
-def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
-    """DECODE_STREAMS streams decode; a long needle prompt is sent. The long prompt must be admitted
-    while every stream still runs (vllm:num_requests_running reaches streams + 1: not queued), and
-    the streams' rate "during" is measured from its admission to its end, not from when it was sent."""
-    n = DECODE_STREAMS
-    used, _ = fitting([250_000])
-    size = used[0] if used else max_model_len() - RESERVE - 24
+def long_prompt_beside_streams(n: int, size: int, warmup_s: float, window_s: float,
+                               admit_timeout_s: float = ADMIT_TIMEOUT_S) -> dict:
+    """n streams decode; then a needle prompt of `size` tokens is sent. Returns what happened:
+    `admitted_after` (seconds until vllm:num_requests_running reached n + 1, None: it queued),
+    `ran` (seconds from admission to its end), the streams' tok/s each `before` and `during`
+    (tokens from its admission to its end), streams `alive` at its end, `found`, `errors`."""
     stream_tokens = min(8192, max_model_len() - RESERVE)
     require_idle()
     counts, alive, stop, errors = [0] * n, [False] * n, threading.Event(), []
+    out: dict = {"n": n, "size": size, "errors": errors, "admitted_after": None}
 
     def stream(i: int) -> None:
         def on_delta(delta):
@@ -531,66 +531,84 @@ def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
         try:
             stream_chat([{"role": "user", "content": f"Count slowly from 1 upwards, story {i}."}], on_delta=on_delta,
                         max_tokens=stream_tokens, temperature=0.8, seed=i, ignore_eos=True)
-        except Exception as exc:                                    # reported below
+        except Exception as exc:                                    # reported by the caller
             errors.append(f"stream {i}: {exc}")
         alive[i] = False
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
+    long_result: list = []
+    long_thread = threading.Thread(target=lambda: long_result.append(run_needle(size, 0.5, seed=4000)), daemon=True)
     try:
         deadline = time.monotonic() + 120
         while metric("vllm:num_requests_running") < n and time.monotonic() < deadline and not errors:
             time.sleep(0.2)
         if errors or metric("vllm:num_requests_running") < n:
-            return False, f"fail: the {n} streams did not all run within 120 s ({errors[:1] or 'no error'})"
-        time.sleep(STREAM_WARMUP_S)                                # streams reach steady decode
+            out["streams_not_running"] = True
+            return out
+        time.sleep(warmup_s)                                       # streams reach steady decode
         c0, t0 = sum(counts), time.perf_counter()
-        time.sleep(STREAM_WINDOW_S)
-        before = (sum(counts) - c0) / (time.perf_counter() - t0) / n
+        time.sleep(window_s)
+        out["before"] = (sum(counts) - c0) / (time.perf_counter() - t0) / n
         snapshots: list[tuple[float, int]] = []
+        sampler_stop = threading.Event()
+
+        def sample():
+            while not sampler_stop.is_set():
+                snapshots.append((time.perf_counter(), sum(counts)))
+                sampler_stop.wait(0.05)
         with MetricsWatch(period=0.05) as watch:
             sent = time.perf_counter()
-            sampler_stop = threading.Event()
-
-            def sample():
-                while not sampler_stop.is_set():
-                    snapshots.append((time.perf_counter(), sum(counts)))
-                    sampler_stop.wait(0.05)
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-            long_result: list = []
-            long_thread = threading.Thread(target=lambda: long_result.append(run_needle(size, 0.5, seed=4000)),
-                                           daemon=True)
             long_thread.start()
             while long_thread.is_alive() and watch.first_time(n + 1) is None \
-                    and time.perf_counter() - sent < ADMIT_TIMEOUT_S:
+                    and time.perf_counter() - sent < admit_timeout_s:
                 long_thread.join(0.1)
             if watch.first_time(n + 1) is not None:
                 long_thread.join(TIMEOUT)
             ended = time.perf_counter()
             sampler_stop.set()
             sampler.join(5)
-            streams_alive = sum(alive)
+            out["alive"] = sum(alive)
         admitted = watch.first_time(n + 1)
+        out.update(max_running=watch.max_running(), waited=ended - sent)
     finally:
         stop.set()
         for t in threads:
             t.join(30)
     if admitted is None:
         long_thread.join(TIMEOUT)                                  # runs alone now that the streams stopped
-        return False, (f"fail: the long prompt did not run beside the {n} streams within {ended - sent:.0f} s "
-                       f"(most running at once {watch.max_running():.0f}, expected {n + 1}): it queued")
-    if not long_result:
-        return False, f"fail: the long prompt did not finish within {TIMEOUT:.0f} s of its admission"
-    found = long_result[0]
+        return out
+    out.update(admitted_after=admitted - sent, ran=ended - admitted, finished=bool(long_result),
+               found=bool(long_result and long_result[0]))
     tokens_at = lambda t: next((c for when, c in snapshots if when >= t), snapshots[-1][1])  # noqa: E731
-    during = (snapshots[-1][1] - tokens_at(admitted)) / max(ended - admitted, 1e-9) / n
-    result = (f"{size:,}-token prompt beside {n} streams: admitted after {admitted - sent:.1f} s, ran "
-              f"{ended - admitted:.1f} s with {n + 1} running; streams {before:.1f} tok/s before, "
-              f"{during:.1f} during; {streams_alive}/{n} streams alive at its end; "
-              + (f"needle {NEEDS_MODEL}" if STAND_IN else f"needle {'found' if found else 'missed'}"))
-    passed = during > 0 and streams_alive == n and not errors and (STAND_IN or found)
+    out["during"] = (snapshots[-1][1] - tokens_at(admitted)) / max(ended - admitted, 1e-9) / n
+    return out
+
+
+def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
+    """DECODE_STREAMS streams decode; a long needle prompt is sent. The long prompt must be admitted
+    while every stream still runs (vllm:num_requests_running reaches streams + 1: not queued), and
+    the streams' rate "during" is measured from its admission to its end, not from when it was sent."""
+    n = DECODE_STREAMS
+    used, _ = fitting([250_000])
+    size = used[0] if used else max_model_len() - RESERVE - 24
+    r = long_prompt_beside_streams(n, size, STREAM_WARMUP_S, STREAM_WINDOW_S)
+    if r.get("streams_not_running"):
+        return False, f"fail: the {n} streams did not all run within 120 s ({r['errors'][:1] or 'no error'})"
+    if r["admitted_after"] is None:
+        return False, (f"fail: the long prompt did not run beside the {n} streams within {r['waited']:.0f} s "
+                       f"(most running at once {r['max_running']:.0f}, expected {n + 1}): it queued")
+    if not r["finished"]:
+        return False, f"fail: the long prompt did not finish within {TIMEOUT:.0f} s of its admission"
+    result = (f"{size:,}-token prompt beside {n} streams: admitted after {r['admitted_after']:.1f} s, ran "
+              f"{r['ran']:.1f} s with {n + 1} running; streams {r['before']:.1f} tok/s before, "
+              f"{r['during']:.1f} during; {r['alive']}/{n} streams alive at its end; "
+              + (f"needle {NEEDS_MODEL}" if STAND_IN else f"needle {'found' if r['found'] else 'missed'}"))
+    errors = r["errors"]
+    passed = r["during"] > 0 and r["alive"] == n and not errors and (STAND_IN or r["found"])
     return passed, result + (f"; {errors[0]}" if errors else "")
 
 
