@@ -99,7 +99,8 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
 def prefill_step_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                           context_lens: torch.Tensor, block_list: torch.Tensor | None, *, block_size: int,
                           pad_block: int, taps: int) -> StepMetadata:
-    bs, length = input_ids.shape[0], input_ids.numel() // input_ids.shape[0]
+    # shapes from positions, which vllm-gaudi never flattens (input_ids are, for some models)
+    bs, length = positions.shape[0], positions.numel() // positions.shape[0]
     device, num_tokens = input_ids.device, input_ids.numel()
     pos = positions.reshape(bs, length).long()
     valid = pos >= 0
@@ -178,7 +179,7 @@ def decode_step_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slot_
                          block_list: torch.Tensor, block_groups: torch.Tensor, window_block_list: torch.Tensor | None,
                          window_block_groups: torch.Tensor | None, *, block_size: int, pad_block: int,
                          taps: int) -> StepMetadata:
-    bs = input_ids.shape[0]
+    bs = positions.shape[0]
     device = input_ids.device
 
     def owners(groups: torch.Tensor) -> torch.Tensor:
