@@ -219,8 +219,13 @@ def needle_prompt(tokens: int, depth: float, rng: random.Random, head: str = "")
     return [{"role": "user", "content": text + question}], code
 
 
-def run_needle(tokens: int, depth: float, seed: int) -> bool:
-    messages, code = needle_prompt(tokens, depth, random.Random(seed))
+def fresh_head() -> str:
+    """A first line no earlier request had: the prompt after it cannot hit the prefix cache."""
+    return f"Document {random.SystemRandom().randrange(16**12):012x}. "
+
+
+def run_needle(tokens: int, depth: float, seed: int, head: str = "") -> bool:
+    messages, code = needle_prompt(tokens, depth, random.Random(seed), head)
     out = chat(messages, max_tokens=24, temperature=0.0,
                chat_template_kwargs={"reasoning_effort": "none"})
     return code in (out["choices"][0]["message"].get("content") or "")
@@ -392,10 +397,9 @@ def gate_prefix_cache() -> tuple[bool | None, str]:
     must recall its code (trained model only)."""
     cases, answer = 14, 48
     size = min(4096, max_model_len() - RESERVE - answer)     # the page used 4,096-token prompts
-    run_id = f"{random.SystemRandom().randrange(16**8):08x}"
     identical, recalled, near_tie_splits, problems, prompt_sizes, colds, warms = 0, 0, 0, [], [], [], []
     for i in range(cases):
-        messages, code = needle_prompt(size, 0.5, random.Random(1000 + i), head=f"Document {run_id}-{i:02d}. ")
+        messages, code = needle_prompt(size, 0.5, random.Random(1000 + i), head=fresh_head())
         runs = [chat(messages, max_tokens=answer, temperature=0.0, logprobs=True, top_logprobs=2)
                 for _ in range(2)]
         prompt_tokens = runs[0]["usage"]["prompt_tokens"]
@@ -478,11 +482,17 @@ def gate_server_log() -> tuple[bool | None, str]:
 
 
 # --- long gates ----------------------------------------------------------------------------------
-def require_idle() -> None:
-    m = metrics()
-    busy = m.get("vllm:num_requests_running", 0.0) + m.get("vllm:num_requests_waiting", 0.0)
-    if busy:
-        raise GateError(f"server busy: {busy:.0f} requests running or waiting before the gate (expected 0)")
+def require_idle(wait_s: float = 60) -> None:
+    """No request running or waiting (streams a previous gate closed take a moment to be aborted)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        m = metrics()
+        busy = m.get("vllm:num_requests_running", 0.0) + m.get("vllm:num_requests_waiting", 0.0)
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            raise GateError(f"server busy: {busy:.0f} requests running or waiting after {wait_s:.0f} s (expected 0)")
+        time.sleep(0.5)
 
 
 def gate_needles_long() -> tuple[bool | None, str]:
@@ -497,7 +507,7 @@ def gate_three_resident() -> tuple[bool | None, str]:
     require_idle()
     before = metric("vllm:num_preemptions_total")
     with MetricsWatch() as watch, ThreadPoolExecutor(3) as pool:
-        found = sum(pool.map(lambda i: run_needle(size, 0.5, seed=3000 + i), range(3)))
+        found = sum(pool.map(lambda i: run_needle(size, 0.5, seed=3000 + i, head=fresh_head()), range(3)))
     preempted = metric("vllm:num_preemptions_total") - before
     together = watch.max_running()
     result = (f"most running at once {together:.0f}/3 ({len(watch.samples)} /metrics samples); "
@@ -539,7 +549,9 @@ def long_prompt_beside_streams(n: int, size: int, warmup_s: float, window_s: flo
     for t in threads:
         t.start()
     long_result: list = []
-    long_thread = threading.Thread(target=lambda: long_result.append(run_needle(size, 0.5, seed=4000)), daemon=True)
+    head = fresh_head()                                            # a cold prefill every time
+    long_thread = threading.Thread(target=lambda: long_result.append(run_needle(size, 0.5, seed=4000, head=head)),
+                                   daemon=True)
     try:
         deadline = time.monotonic() + 120
         while metric("vllm:num_requests_running") < n and time.monotonic() < deadline and not errors:
