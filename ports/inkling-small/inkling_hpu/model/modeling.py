@@ -17,7 +17,7 @@ from torch import nn
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import Knobs, read_knobs
-from inkling_hpu.model.metadata import CONV_STREAMS, FlatDecodeGroup, StepMetadata
+from inkling_hpu.model.metadata import FlatDecodeGroup, StepMetadata
 
 # Parameters kept in fp32 whatever the model dtype (as transformers' _keep_in_fp32_modules_strict).
 KEEP_FP32_SUFFIXES = (
