@@ -62,8 +62,8 @@ def patch_vllm(venv: Path) -> str:
     cmd = [sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.30.0", "--target", "vllm",
            "--vllm-root", str(root), "vllm-long-prefill-share"]
     pinned = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if pinned.returncode == 0:
-        return "apply_all.py: " + pinned.stdout.strip().splitlines()[-1]
+    if pinned.returncode == 0:  # the summary line; a run that wrote also lists its stamps after it
+        return "apply_all.py: " + next(l for l in pinned.stdout.splitlines() if l.startswith("OK:"))
     if pinned.returncode != 2:
         raise RuntimeError(f"apply_all.py exit {pinned.returncode}, expected 0 or 2:\n{pinned.stdout}{pinned.stderr}")
     from cookbook.api import apply_unpinned, load_profile
