@@ -98,6 +98,7 @@ def test_extends_relative_to_the_profile_file(tmp_path, monkeypatch):
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")  # the run's directory must not matter
     shutil.copy(REPO / "profiles" / "v0.30.0.yaml", tmp_path / "base.yaml")
+    shutil.copy(REPO / "profiles" / "v0.30.0.vllm-content.txt", tmp_path)  # a file the profile names
     (tmp_path / "child.yaml").write_text("name: child\nextends: base.yaml\n")
     assert api.load_profile(str(tmp_path / "child.yaml")).targets["vllm"].commit == BASE
 
