@@ -124,9 +124,9 @@ def _read_manifest(journal: Path) -> dict:
     return manifest
 
 
-def _restore(root: Path, journal: Path) -> list[str]:
+def _restore(root: Path, journal: Path, manifest: dict | None = None) -> list[str]:
     """Put back every file the journal lists, in the tree it was found in; then discard it."""
-    manifest = _read_manifest(journal)
+    manifest = manifest or _read_manifest(journal)
     restored = []
     for entry in manifest["files"]:
         path = _inside(root, entry["path"])
@@ -179,7 +179,7 @@ def recover(roots) -> list[str]:
         if journal is None:
             continue
         manifest = _read_manifest(journal)
-        restored += _restore(root, journal)
+        restored += _restore(root, journal, manifest)
         for other in map(Path, manifest.get("other_roots", [])):
             if other in roots or not other.is_dir():
                 continue
@@ -187,8 +187,9 @@ def recover(roots) -> list[str]:
                 if not _try_lock(other, stack, wait=False):
                     continue  # a run holds it, and recovers it first
                 theirs = _pending_journal(other)
-                if theirs and _read_manifest(theirs).get("run") == manifest.get("run"):
-                    restored += _restore(other, theirs)
+                their_manifest = _read_manifest(theirs) if theirs else {}
+                if theirs and their_manifest.get("run") == manifest.get("run"):
+                    restored += _restore(other, theirs, their_manifest)
     return restored
 
 
