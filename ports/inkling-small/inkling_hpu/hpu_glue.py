@@ -85,7 +85,7 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
         rule, _ = weight_table.resolve(name, model.config)
         specs.append(TensorSpec(name, None, shard_dim=rule.dim if tp.size > 1 else None, optional=rule.optional))
     for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size):
-        weight_table.load_tensor(model, name, piece, tp_rank=0, tp_size=1)
+        weight_table.load_tensor(model, name, piece)
     return checkpoint
 
 

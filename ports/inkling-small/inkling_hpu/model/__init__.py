@@ -2,7 +2,7 @@
 
     config   = InklingPortConfig.from_dict(checkpoint_config)
     model    = InklingForCausalLM(config)                 # reads the INKLING_* knobs once
-    weights.load_checkpoint(model, tensors)               # `model.llm.*` names, TP-aware
+    weights.load_checkpoint(model, tensors)               # `model.llm.*` names, this rank's slabs
     caches   = model.allocate_caches(num_blocks, block_size)   # KV and conv state per block
     meta     = build_step_metadata([RequestChunk(...), ...], block_size=..., ...)
     logits   = model.compute_logits(model(meta, caches)[meta.last_token_index])

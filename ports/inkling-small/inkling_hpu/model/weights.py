@@ -1,10 +1,11 @@
 """Checkpoint (TML "OG" format, `model.llm.*`) -> port parameter names, with tensor-parallel splits.
 
 `CHECKPOINT_TO_PORT` is the table the loader uses: one rule per checkpoint tensor kind. `{i}` is the
-layer index. For a TP rank, `split_for_rank` narrows a checkpoint tensor along the rule's `dim`
-(contiguous equal slabs, rank r takes slab r); `load_tensor` copies it into the port parameter
-(at the rule's row offset for the fused q/k/v/r projection). Layouts are kept as in the checkpoint:
-w13 rows stay interleaved (g0, u0, g1, u1, ...), so a contiguous slab holds whole (g, u) pairs.
+layer index. A rule's `dim` is the dimension split across TP ranks (contiguous equal slabs, rank r
+takes slab r); the loader (inkling_hpu.loader, TensorSpec.shard_dim) reads only this rank's slab,
+and `load_tensor` copies that piece into the port parameter (at the rule's row offset for the fused
+q/k/v/r projection). Layouts are kept as in the checkpoint: w13 rows stay interleaved
+(g0, u0, g1, u1, ...), so a contiguous slab holds whole (g, u) pairs.
 
 Tensors outside the text backbone (`model.visual.*`, `model.audio.*`, `model.mtp.*`) have no rule:
 `is_text_weight` says so without looking at their bytes.
@@ -135,18 +136,6 @@ def expected_checkpoint_names(config: InklingPortConfig, *, include_optional: bo
     return names
 
 
-def split_for_rank(tensor: torch.Tensor, rule: WeightRule, tp_rank: int, tp_size: int,
-                   name: str = "") -> torch.Tensor:
-    """This rank's slab of a checkpoint tensor (the whole tensor when replicated)."""
-    if rule.dim is None or tp_size == 1:
-        return tensor
-    size = tensor.shape[rule.dim]
-    if size % tp_size:
-        raise WeightError(f"{name}: dim {rule.dim} of shape {tuple(tensor.shape)} is not divisible by TP size {tp_size}")
-    step = size // tp_size
-    return tensor.narrow(rule.dim, tp_rank * step, step)
-
-
 def _fused_offset(module, shard: str) -> tuple[int, int]:
     sizes = dict(zip("qkvr", module.split_sizes))
     start = 0
@@ -157,22 +146,23 @@ def _fused_offset(module, shard: str) -> tuple[int, int]:
     raise AssertionError(shard)
 
 
-def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tensor, *,
-                tp_rank: int = 0, tp_size: int = 1) -> str:
-    """Copy one checkpoint tensor (full, unsplit) into the port model; returns the port name."""
+def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tensor) -> str:
+    """Copy one checkpoint tensor into the port model; returns the port name. `tensor` is this rank's
+    piece as the loader read it (the whole tensor when replicated or at TP 1), not split here."""
     rule, layer = resolve(checkpoint_name, model.config)
     _, port_name = rule.names(layer)
     target = _port_tensor(model, port_name)
-    piece = split_for_rank(tensor, rule, tp_rank, tp_size, checkpoint_name)
     if rule.fused_shard is not None:
         attention = model.model.layers[layer].self_attn
         start, rows = _fused_offset(attention, rule.fused_shard)
         target = target.narrow(0, start, rows)
-    if tuple(piece.shape) != tuple(target.shape):
-        raise WeightError(f"{checkpoint_name}: expected shape {tuple(target.shape)} on TP rank {tp_rank}/{tp_size} "
-                          f"(full tensor {tuple(tensor.shape)}); found {tuple(piece.shape)}")
+    if tuple(tensor.shape) != tuple(target.shape):
+        tp = getattr(model, "tp", None)
+        where = f" on TP rank {tp.rank}/{tp.size}" if tp is not None and tp.size > 1 else ""
+        raise WeightError(f"{checkpoint_name}: expected shape {tuple(target.shape)}{where}; "
+                          f"found {tuple(tensor.shape)}")
     with torch.no_grad():
-        target.copy_(piece.to(target.dtype))
+        target.copy_(tensor.to(target.dtype))
     return port_name
 
 
@@ -186,14 +176,15 @@ def _port_tensor(model: torch.nn.Module, port_name: str) -> torch.Tensor:
 
 
 def load_checkpoint(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                    *, tp_rank: int = 0, tp_size: int = 1) -> list[str]:
-    """Load every text tensor; skip tower/MTP tensors; refuse missing required ones. Returns loaded names."""
+                    ) -> list[str]:
+    """Load every text tensor (this rank's pieces, as the loader yields them); skip tower/MTP
+    tensors; refuse missing required ones. Returns loaded names."""
     items = tensors.items() if isinstance(tensors, Mapping) else tensors
     loaded = []
     for name, tensor in items:
         if not is_text_weight(name):
             continue
-        load_tensor(model, name, tensor, tp_rank=tp_rank, tp_size=tp_size)
+        load_tensor(model, name, tensor)
         loaded.append(name)
     missing = sorted(set(expected_checkpoint_names(model.config)) - set(loaded))
     if missing:

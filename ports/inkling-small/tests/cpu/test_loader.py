@@ -379,7 +379,7 @@ def test_optional_tensor_may_be_absent(checkpoint):
 @pytest.mark.parametrize("tp_size", [1, 2])
 def test_glue_loads_rank_slabs_exactly_like_the_full_tensor_path(tmp_path, tp_size):
     """hpu_glue.load_text_checkpoint (this loader, reading only each rank's slab) fills the port
-    model exactly as the model's own name table does from full tensors."""
+    model exactly as the model's own name table does from each full tensor's slab r of tp_size."""
     from inkling_hpu import parity
     from inkling_hpu.hpu_glue import load_text_checkpoint
     from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, TensorParallel
@@ -399,7 +399,10 @@ def test_glue_loads_rank_slabs_exactly_like_the_full_tensor_path(tmp_path, tp_si
         ours = InklingForCausalLM(config, tp=tp, knobs=Knobs())
         theirs = InklingForCausalLM(config, tp=tp, knobs=Knobs())
         load_text_checkpoint(ours, tmp_path)
-        weight_table.load_checkpoint(theirs, tensors, tp_rank=rank, tp_size=tp_size)
+        dims = {name: weight_table.resolve(name, config)[0].dim for name in tensors}
+        weight_table.load_checkpoint(theirs, {name: tensor if dims[name] is None else
+                                              tensor.chunk(tp_size, dims[name])[rank]
+                                              for name, tensor in tensors.items()})
         expected = dict(theirs.state_dict())
         for name, value in ours.state_dict().items():
             assert torch.equal(value, expected[name]), (rank, name)

@@ -1,14 +1,17 @@
-"""The checkpoint name table: complete, TP splits that reproduce TP=1, clear refusals."""
+"""The checkpoint name table: complete, TP splits (the loader's rank reads) that reproduce TP=1,
+clear refusals."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import model_helpers as helpers
 from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
 from inkling_hpu import parity
+from inkling_hpu.loader import TensorSpec, TextCheckpoint
 from inkling_hpu.model import modeling, weights
 from inkling_hpu.model.config import InklingPortConfig
 
@@ -90,11 +93,22 @@ class ThreadGroup:
             all_gather_last_dim=lambda t: self._exchange(rank, t, lambda parts: torch.cat(parts, dim=-1)))
 
 
+def _rank_pieces(checkpoint_dir, config: InklingPortConfig, rank: int, world_size: int):
+    """This rank's slabs, read by the loader from safetensors files (split dims from the name table)."""
+    specs = []
+    for name in weights.expected_checkpoint_names(config, include_optional=True):
+        rule, _ = weights.resolve(name, config)
+        specs.append(TensorSpec(name, None, shard_dim=rule.dim, optional=rule.optional))
+    return list(TextCheckpoint(checkpoint_dir).load(specs, rank=rank, world_size=world_size))
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config_name", ["tiny-gqa2-mix.json", "tiny-gqa4-long.json"])
-def test_tensor_parallel_two_ranks_match_one(config_name):
-    """Each rank loads the full checkpoint through the table (its own slabs); logits match TP=1."""
+def test_tensor_parallel_two_ranks_match_one(config_name, tmp_path):
+    """Each rank loads its own slabs (the loader's rank reads of a safetensors checkpoint) through the
+    table; logits match TP=1."""
     config, tensors, work = _config(config_name), helpers.checkpoint(config_name), helpers.workload(config_name)
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, tmp_path / "model.safetensors")
     single = parity.run_port(helpers.port_model(config_name, helpers.ALL_KNOBS_ON), work, 0)
     group, results, errors = ThreadGroup(2), [None, None], []
 
@@ -102,7 +116,7 @@ def test_tensor_parallel_two_ranks_match_one(config_name):
         try:
             with parity.single_thread():
                 model = modeling.InklingForCausalLM(config, tp=group.parallel(rank), knobs=helpers.ALL_KNOBS_ON)
-                weights.load_checkpoint(model, tensors, tp_rank=rank, tp_size=2)
+                weights.load_checkpoint(model, _rank_pieces(tmp_path, config, rank, 2))
                 results[rank] = parity.run_port(model.eval(), work, 0)
         except BaseException as error:   # surface a rank's failure instead of a barrier timeout
             errors.append(error)
