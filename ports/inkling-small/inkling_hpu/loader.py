@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 TEXT_PREFIX = "model.llm."
+# The towers and the MTP head: never read (also model.weights' is_text_weight, which imports this).
 SKIPPED_PREFIXES = ("model.visual.", "model.audio.", "model.mtp.")
 
 SAFETENSORS_DTYPES = {
@@ -150,6 +151,7 @@ def _index_files(checkpoint_dir: Path) -> list[Path]:
 
 
 def is_skipped(name: str) -> bool:
+    """A vision/audio tower or MTP tensor: the text-only port never reads its bytes."""
     return name.startswith(SKIPPED_PREFIXES)
 
 

@@ -18,9 +18,8 @@ from typing import Iterable, Mapping
 
 import torch
 
+from inkling_hpu.loader import is_skipped
 from inkling_hpu.model.config import InklingPortConfig
-
-SKIPPED_PREFIXES = ("model.visual.", "model.audio.", "model.mtp.")
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ _RULE_PATTERNS = tuple((_template_regex(rule.checkpoint), rule) for rule in CHEC
 
 def is_text_weight(checkpoint_name: str) -> bool:
     """False for the vision/audio/MTP towers the text-only port never reads."""
-    return not checkpoint_name.startswith(SKIPPED_PREFIXES)
+    return not is_skipped(checkpoint_name)
 
 
 def _applies(rule: WeightRule, layer: int | None, config: InklingPortConfig) -> bool:
