@@ -544,12 +544,6 @@ class _Prefetch:
             self.next += 1
 
 
-def load_text_tensors(checkpoint_dir: str | os.PathLike, specs: Iterable[TensorSpec] | None = None,
-                      rank: int = 0, world_size: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
-    """Convenience: TextCheckpoint(checkpoint_dir).load(...)."""
-    return TextCheckpoint(checkpoint_dir).load(specs, rank=rank, world_size=world_size)
-
-
 def split_dims(checkpoint: TextCheckpoint) -> dict[str, int | None]:
     """Each text tensor's tensor-parallel split dim from the model's name table (None: replicated)."""
     from inkling_hpu.model.weights import CHECKPOINT_TO_PORT      # the model package only for this
