@@ -1,12 +1,20 @@
-"""Write a tiny random-weight Llama checkpoint that vLLM serves on CPU: config.json, safetensors
-weights and a byte-level BPE tokenizer trained here on local text, with a chat template. Nothing is
-downloaded. A stand-in for serving tests: it answers nothing sensibly (semantic gates say so), but
-every serving mechanism (chunked prefill, prefix caching, logprobs, streaming, metrics) runs.
+"""Write the tiny random-weight checkpoints vLLM serves on CPU: config.json, safetensors weights and a
+byte-level BPE tokenizer trained here on local text, with a chat template. Nothing is downloaded.
+Stand-ins for serving tests: they answer nothing sensibly (semantic gates say so), but every serving
+mechanism (chunked prefill, prefix caching, logprobs, streaming, metrics, parsers) runs.
 
-    <server venv>/bin/python tools/tiny_model.py OUT_DIR [--max-position 4096]
+- `inkling` (the default): a small Inkling served by the port's own model code (inkling_hpu, the CPU
+  glue). Its config.json is in the checkpoint's own format (vLLM's `inkling_model`); its weights are
+  transformers' Inkling with seeded random weights under the TML checkpoint names (`model.llm.*`, two
+  shards and an index), next to vision and audio tower tensors and an `mtp.safetensors`, which the
+  port's text-only loader must leave unread. `reference.json` records the seed and config, so a test
+  can rebuild the same model in transformers and compare tokens.
+- `llama`: a 2-layer Llama (a model vLLM serves by itself).
 
-Run with the server venv's python (transformers, tokenizers, torch). Deterministic: the same
-arguments give the same weights and tokenizer.
+    <server venv>/bin/python tools/tiny_model.py OUT_DIR [--kind inkling|llama] [--max-position 4096]
+
+Run with the server venv's python (transformers, tokenizers, torch; for `inkling`, inkling_hpu on
+the path). Deterministic: the same arguments give the same weights and tokenizer.
 """
 from __future__ import annotations
 
@@ -30,14 +38,14 @@ def corpus() -> list[str]:
     return lines * 20
 
 
-def build_tokenizer(out: Path, vocab_size: int):
+def build_tokenizer(out: Path, vocab_size: int, extra_specials: tuple[str, ...] = ()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS + list(extra_specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
@@ -47,7 +55,7 @@ def build_tokenizer(out: Path, vocab_size: int):
     return fast
 
 
-def build(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
+def build_llama(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -66,11 +74,75 @@ def build(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
     return out
 
 
+# The served Inkling: every block of the real architecture at toy widths. One KV spec for every layer
+# (local and global layers share heads and head dim: one KV group), head dim 64 (vLLM's CPU attention
+# supports 32, 64, 80 and up), the real 512-token window and 128-token blocks (a 5-block decode
+# window), 3 local + 1 global layer, one dense and three MoE layers, 8 experts of which 2 per token.
+INKLING = {
+    "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 64,
+    "sliding_window_size": 512, "d_rel": 8, "rel_extent": 1024, "log_scaling_n_floor": 512,
+    "log_scaling_alpha": 0.1, "local_layer_ids": [0, 1, 2], "dense_mlp_idx": 1, "intermediate_size": 64,
+    "dense_intermediate_size": 256, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+    "route_scale": 2.5, "logits_mup_width_multiplier": 2.0, "sconv_kernel_size": 4, "rms_norm_eps": 1e-6,
+    "use_embed_norm": True,
+}
+# Tensors of the multimodal checkpoint that the text-only loader must leave unread.
+TOWERS = {"model.visual.blocks.0.attn.qkv.weight": (384, 128), "model.visual.merger.mlp.0.weight": (128, 512),
+          "model.audio.encoder.layers.0.fc1.weight": (256, 128)}
+MTP = {"model.mtp.layers.0.eh_proj.weight": (128, 256), "model.mtp.layers.0.norm.weight": (128,)}
+
+
+def build_inkling(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    from inkling_hpu import parity
+    from inkling_hpu.parsers.inkling_py import MARKERS
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out, vocab_size=1024, extra_specials=tuple(MARKERS))
+    model_config = dict(INKLING, vocab_size=len(tok), unpadded_vocab_size=len(tok), padded_vocab_size=len(tok))
+    reference = parity.build_reference(model_config, seed, torch.float32)
+    text = {name: t.contiguous() for name, t in parity.reference_to_checkpoint(reference).items()}
+    generator = torch.Generator().manual_seed(seed + 1)
+    towers = {name: torch.randn(shape, generator=generator) for name, shape in TOWERS.items()}
+    names = sorted(text)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for i, (file, members) in enumerate(shards.items()):
+        tensors = {n: text[n] for n in members}
+        if i == 0:
+            tensors.update(towers)               # towers share a shard with text tensors, as in the checkpoint
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in tensors})
+    save_file({n: torch.randn(s, generator=generator) for n, s in MTP.items()}, str(out / "mtp.safetensors"),
+              metadata={"format": "pt"})
+    weight_map.update({n: "mtp.safetensors" for n in MTP})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    # The checkpoint's own format (vLLM's InklingModelConfig), whose defaults differ from the architecture
+    # for these fields: a real config.json states them.
+    config = dict(model_config, model_type="inkling_model", architectures=["InklingForCausalLM"],
+                  max_position_embeddings=max_position, tie_word_embeddings=False, torch_dtype="float32",
+                  use_sconv=True, use_gate_bias=True, shared_expert_sink=True, norm_after_topk=True,
+                  gate_activation="sigmoid", hidden_act="silu", inference_moe_w13_interleaved=True,
+                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if parity.InklingPortConfig.from_dict(config) != parity.InklingPortConfig.from_dict(model_config):
+        raise AssertionError("config.json describes another model than the reference's config")
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "reference.json").write_text(json.dumps({"seed": seed, "config": model_config}, indent=1))
+    (out / "stand-in.json").write_text(json.dumps({"stand_in": True, "why": "random weights, for serving tests"}))
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--kind", choices=["inkling", "llama"], default="inkling")
     parser.add_argument("--max-position", type=int, default=4096)
     args = parser.parse_args(argv)
+    build = build_inkling if args.kind == "inkling" else build_llama
     print(build(args.out, args.max_position))
     return 0
 

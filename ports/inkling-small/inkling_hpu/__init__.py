@@ -13,7 +13,7 @@ from inkling_hpu import models
 
 __version__ = "0.1.0"
 
-logger = logging.getLogger("inkling_hpu")
+logger = logging.getLogger("vllm.inkling_hpu")   # vLLM's handler prints it
 
 # vllm-gaudi's general plugins, in the order its setup.py lists them (entry points are not sorted
 # by vLLM, so ours may run first). Each is import-cached or guarded, so calling it again is a no-op.
@@ -31,11 +31,21 @@ def _register_vllm_gaudi_first() -> bool:
     return True
 
 
-def _register_models() -> None:
+def _model_target(with_gaudi: bool) -> str:
+    """The HPU glue, or the CPU glue on vLLM's CPU platform without vllm-gaudi."""
+    if not with_gaudi:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            return models.CPU_LAZY_TARGET
+    return models.LAZY_TARGET
+
+
+def _register_models(target: str) -> None:
     from vllm import ModelRegistry
 
     for arch in models.ARCHITECTURES:
-        ModelRegistry.register_model(arch, models.LAZY_TARGET)
+        ModelRegistry.register_model(arch, target)
 
 
 def _install_config_guard() -> None:
@@ -70,10 +80,11 @@ def _install_config_guard() -> None:
 def register() -> None:
     """vLLM general plugin: register Inkling's HPU model class, its guards and parsers."""
     with_gaudi = _register_vllm_gaudi_first()
-    _register_models()
+    target = _model_target(with_gaudi)
+    _register_models(target)
     _install_config_guard()
     from inkling_hpu import parsers
 
     parsers.register()
     logger.debug("inkling_hpu registered %s -> %s (vllm-gaudi plugins %s)", models.ARCHITECTURES,
-                 models.LAZY_TARGET, "run first" if with_gaudi else "not installed")
+                 target, "run first" if with_gaudi else "not installed")

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-logger = logging.getLogger("inkling_hpu")
+logger = logging.getLogger("vllm.inkling_hpu")   # vLLM's handler prints it
 
 REQUIRED_BLOCK_SIZE = 128
 

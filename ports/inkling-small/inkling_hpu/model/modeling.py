@@ -45,6 +45,19 @@ class TensorParallel:
         return total // self.size
 
 
+def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor) -> None:
+    """Write each token's row at its slot (block * block_size + offset) of a [blocks, block_size, ...] cache.
+
+    A cache whose blocks are pages of a larger buffer (vLLM's CPU pool, where each block's page also
+    holds the conv state) is not one run of rows, so it is written by (block, offset)."""
+    rows = rows.to(cache.dtype)
+    if cache.is_contiguous():
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, rows)
+    else:
+        block_size = cache.shape[1]
+        cache.index_put_((slot_mapping // block_size, slot_mapping % block_size), rows)
+
+
 @dataclass
 class LayerCache:
     key: torch.Tensor                    # [num_blocks, block_size, kv_heads, head_dim]
@@ -197,10 +210,8 @@ class InklingAttention(nn.Module):
         relative = relative.reshape(num_tokens, self.num_heads, self.d_rel)
 
         # write this step's keys/values first: every query then reads its keys from the cache
-        kv_rows = cache.key.view(-1, self.num_key_value_heads, self.head_dim)
-        kv_rows.index_copy_(0, meta.slot_mapping, key.to(cache.key.dtype))
-        cache.value.view(-1, self.num_key_value_heads, self.head_dim).index_copy_(
-            0, meta.slot_mapping, value.to(cache.value.dtype))
+        write_slots(cache.key, meta.slot_mapping, key)
+        write_slots(cache.value, meta.slot_mapping, value)
 
         if plans is None:
             plans = plan_step(meta.groups, self.kind, meta.block_size, knobs)

