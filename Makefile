@@ -53,7 +53,8 @@ test: check
 	$$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 bench:
-	@venv=$$(bash tools/test_env.sh); for b in benchmarks/*.py; do echo "== $$b"; $$venv/bin/python $$b; done
+	@venv=$$(bash tools/test_env.sh); for b in $$(cd benchmarks && ls [!_]*.py); do echo "== benchmarks/$$b"; \
+	  PYTHONPATH=ports/inkling-small $$venv/bin/python -m benchmarks.$${b%.py}; done
 
 image:
 	@test -n "$(BASE)" -a -n "$(TAG)" || { echo "usage: make image BASE=<stock releases/v0.30.0 image> TAG=<port image tag>"; exit 3; }
@@ -65,10 +66,10 @@ image:
 SERVE_ARGS ?=
 GATES_ARGS ?= quick
 serve:
-	@$(VENV_PY) tools/cpu_server.py serve $(SERVE_ARGS)
+	@$(VENV_PY) -m tools.cpu_server serve $(SERVE_ARGS)
 
 gates:
-	@$(VENV_PY) tools/cpu_server.py gates $(GATES_ARGS) $(SERVE_ARGS)
+	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) $(SERVE_ARGS)
 
 clean:
 	rm -rf build

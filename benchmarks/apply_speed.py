@@ -1,7 +1,7 @@
 """Fix-pack speed: check + apply + verify of a whole profile, side by side with plain `git apply`
 of the same patches, on fresh copies of the same trees, in one run (medians of several runs).
 
-    python benchmarks/apply_speed.py [--profile v0.30.0] [--runs 7]
+    python -m benchmarks.apply_speed [--profile v0.30.0] [--runs 7]      # from the repository root
 
 Targets: vLLM from the pinned v0.30.0 sdist; vllm-gaudi from VLLM_GAUDI_SRC when set. The engine
 is timed through its library entry (what apply_all.py calls, without interpreter start-up) and
@@ -20,11 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from cookbook import series, upstream
+from cookbook.profiles import DEFAULT_PROFILE, load_profile
 
-from cookbook import series, upstream  # noqa: E402
-from cookbook.profiles import DEFAULT_PROFILE, load_profile  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def fresh_roots(profile, sources: dict[str, Path], scratch: Path) -> dict[str, Path]:

@@ -1,7 +1,7 @@
 """Inkling port: what the per-block conv-state snapshots cost and what a prefix-cache hit saves, side by
 side in one run (medians of several runs, the port's model on CPU, block size 128).
 
-    python benchmarks/conv_snapshots.py [--runs 5] [--requests 16] [--context 1000]
+    PYTHONPATH=ports/inkling-small python -m benchmarks.conv_snapshots [--runs 5] [--requests 16] [--context 1000]
 
 1. Per-step cost of the snapshot writes: one forward of a decode step of N requests, and one of a
    512-token prefill chunk (5 blocks touched), with the conv-state writes the step needs vs the
@@ -17,18 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "ports" / "inkling-small"))
+import torch
 
-import torch  # noqa: E402
-
-from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, build_step_metadata  # noqa: E402
-from inkling_hpu.model.knobs import Knobs  # noqa: E402
+from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, build_step_metadata
+from inkling_hpu.model.knobs import Knobs
 
 BLOCK = 128
 CONFIG = {

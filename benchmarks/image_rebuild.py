@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Port image build times: cold vs nothing changed vs one fix edited, measured in one run.
 
-    python3 benchmarks/image_rebuild.py [--rounds 3] [--base IMAGE]
+    python3 -m benchmarks.image_rebuild [--rounds 3] [--base IMAGE]      # from the repository root
 
 Builds ports/inkling-small/Dockerfile with the builder (`python3 -m builder build`, what
 `make image` runs; no preflight) from a copy of this repository, so the edit never touches the
@@ -10,7 +10,7 @@ rebuild after editing one fix's metadata. Prints the median of each, the ratios 
 build, and the size of the layers the port adds to the base. Aims: no-change rebuild under 10% of
 the cold build; port layers under 50 MB.
 
-Without --base it makes the docker tests' stock-layout base (tests/builder/base_images.py: needs
+Without --base it makes the docker tests' stock-layout base (tools/base_images.py: needs
 a running Docker engine, and VLLM_GAUDI_SRC or VLLM_GAUDI_MIRROR for the runner patch to apply).
 """
 from __future__ import annotations
@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "docker"))
 
 TEST_PROFILE = "tests/builder/profiles/test-base.yaml"
 TEST_PORT_PROFILE = "tests/builder/profiles/port-test-base.yaml"
@@ -81,8 +79,8 @@ def main() -> int:
     client = docker.from_env(timeout=1800)
     base = args.base
     if not base:
-        import base_images
         from cookbook import upstream
+        from tools import base_images
 
         base = base_images.build_base(
             client, upstream.vllm_source("0.30.0"),

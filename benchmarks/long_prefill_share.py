@@ -16,7 +16,7 @@ Times are modelled, so every run of a row gives the same figures (one run per ro
 scheduling decisions themselves are vLLM's). The patched tree is made in a temporary
 directory by the fix-pack library.
 
-    python3 benchmarks/long_prefill_share.py [--vllm-src DIR] [--json]
+    python3 -m benchmarks.long_prefill_share [--vllm-src DIR] [--json]      # from the repository root
 
 Needs a Python with vLLM 0.30.0's requirements (the test venv: tools/test_env.sh).
 
@@ -59,7 +59,6 @@ ROWS = [
 
 
 def make_patched_tree(vllm_src: Path, dest: Path) -> Path:
-    sys.path.insert(0, str(REPO))
     from cookbook.api import patched_copy
 
     return patched_copy(vllm_src, "vllm", [FIX], dest)
@@ -99,8 +98,7 @@ def figures(result: dict) -> dict:
 def cpu_server_mode(args) -> int:
     import importlib.util
 
-    sys.path.insert(0, str(REPO / "tools"))
-    import cpu_server
+    from tools import cpu_server
 
     spec = importlib.util.spec_from_file_location("gates", REPO / "ports/inkling-small/tests/hpu/gates.py")
     gates = importlib.util.module_from_spec(spec)
@@ -108,14 +106,15 @@ def cpu_server_mode(args) -> int:
     venv = cpu_server.server_venv()
     print(f"fix pack: {cpu_server.patch_vllm(venv)}", file=sys.stderr)
     mml = args.max_model_len
-    model = cpu_server.tiny_model(venv, max_position=mml)
+    plugin = cpu_server.port_install(venv)
+    model = cpu_server.tiny_model(venv, plugin, max_position=mml)
     configs = [("share unset (stock)", {}),
                ("share 0.5", {"VLLM_LONG_PREFILL_SHARE": "0.5", "VLLM_LONG_PREFILL_SHARE_ASYNC": "1",
                               "VLLM_LONG_PREFILL_MIN_TOKENS": "2048"})]
     streams, size, rows = NUM_STREAMS - 1, mml - gates.RESERVE - 24, []
     for label, env in configs:
         log = REPO / "build" / "cpu-server" / f"bench-{label.split()[0]}-{label.split()[1]}.log"
-        server = cpu_server.CpuServer(venv, model, log, ["--max-model-len", str(mml)], env=env)
+        server = cpu_server.CpuServer(venv, model, log, ["--max-model-len", str(mml)], env=env, plugin_path=plugin)
         with server:
             gates.BASE_URL, gates.STAND_IN = server.base_url, True
             gates.discover()
@@ -126,7 +125,7 @@ def cpu_server_mode(args) -> int:
                     raise SystemExit(f"{label}: the long prompt did not run beside the streams: {r}")
                 rows.append((label, r))
     print(f"\n{size:,}-token prompt arriving while {streams} streams decode; real vLLM 0.30.0 CPU server, "
-          f"tiny stand-in model, --max-num-batched-tokens 1024, wall-clock.\n")
+          f"the port's model on a tiny random Inkling, --max-num-batched-tokens 1024, wall-clock.\n")
     header = f"{'scheduler':<22}{'tok/s/stream before':>20}{'during':>9}{'ratio':>8}{'prompt s':>10}{'admitted s':>12}"
     print(header)
     print("-" * len(header))
@@ -152,7 +151,6 @@ def main() -> int:
     if args.cpu_server:
         return cpu_server_mode(args)
     if args.vllm_src is None:
-        sys.path.insert(0, str(REPO))
         from cookbook import upstream
         args.vllm_src = upstream.vllm_source("0.30.0")
     vllm_src = args.vllm_src.resolve()

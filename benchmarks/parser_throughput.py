@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Inkling output parsing throughput: `inkling_py` (ours) vs vLLM 0.30.0's `inkling`, in one run.
 
-    python benchmarks/parser_throughput.py [--lengths 1024 8192 65536] [--runs 5] [--vllm-runs-64k 1]
+    PYTHONPATH=ports/inkling-small python -m benchmarks.parser_throughput [--lengths 1024 8192 65536] [--runs 5] [--vllm-runs-64k 1]
 
 Both parsers run in vLLM's served composition (ParserManager -> DelegatingParser, reasoning and
 tool parser, tool_choice "auto"), fed token by token through parse_delta as the server does,
@@ -27,12 +27,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "ports" / "inkling-small" / "tests" / "cpu"))
-
-import parser_cases as pc  # noqa: E402  (puts the pristine vLLM tree and the port on sys.path)
+from tools import parser_cases as pc  # appends the pristine vLLM tree to sys.path
 
 
 class BenchTokenizer(pc.MarkerTokenizer):

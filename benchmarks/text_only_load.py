@@ -30,7 +30,7 @@ come from storage; "read" is /proc/<pid>/io read_bytes (storage reads, readahead
 over the ranks with --tp. Prints min/median/max times, CPU seconds, throughput vs plain (ratio of
 medians, and "paired": median over the rounds of each round's ratio), and the disk the files are on.
 
-    python benchmarks/text_only_load.py [--gib 2.5] [--runs 7] [--tp 8] [--dir DIR] [--json]
+    PYTHONPATH=ports/inkling-small python -m benchmarks.text_only_load [--gib 2.5] [--runs 7] [--tp 8] [--dir DIR] [--json]
 """
 from __future__ import annotations
 
@@ -48,10 +48,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "ports" / "inkling-small"))
-
-from inkling_hpu.loader import (PRESHARDED_DIR, PRESHARDED_MANIFEST, TensorSpec, TextCheckpoint,  # noqa: E402
+from inkling_hpu.loader import (PRESHARDED_DIR, PRESHARDED_MANIFEST, TensorSpec, TextCheckpoint,
                                 split_dims, verify_presharded, write_presharded)
 
 DEFAULT_DIR = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "bench-text-only-load"

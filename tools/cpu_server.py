@@ -3,10 +3,10 @@ checkpoint of tools/tiny_model.py, on a free loopback port, with bounded start-u
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
-    python3 tools/cpu_server.py serve [--no-prefix-caching] [--port N]    # until Ctrl-C
-    python3 tools/cpu_server.py gates [quick|long] [--no-prefix-caching] [run_gates.sh args: --only, --json]
+    python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N]    # until Ctrl-C
+    python3 -m tools.cpu_server gates [quick|long] [--no-prefix-caching] [run_gates.sh args: --only, --json]
 
-Run with the test venv's python (tools/test_env.sh: the fix-pack library needs its packages); the
+From the repository root, with the test venv's python (tools/test_env.sh: the fix-pack library needs its packages); the
 server itself runs in tools/server_env.sh's venv. The server's flags are the recipe's `cpu-variant`
 (recipes/thinkingmachines/Inkling-Small/recipe.yaml), rendered by recipes/launch.py.
 """
@@ -23,9 +23,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from recipes.launch import cpu_serve_args, load_recipe
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from recipes.launch import cpu_serve_args, load_recipe  # noqa: E402
 
 CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook"))
 START_TIMEOUT = float(os.environ.get("CPU_SERVER_START_TIMEOUT", "300"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import base_images  # this folder is on sys.path: pytest puts a conftest's folder there
+from tools import base_images
 
 DOCKERD_ARGS = ["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
 

@@ -1,4 +1,4 @@
-"""`make image` end to end against a real Docker engine and bases made here (see base_images.py).
+"""`make image` end to end against a real Docker engine and bases made here (see tools/base_images.py).
 
 The builder runs as users run it (`python3 -m builder build ...`, what `make image` calls).
 Because releases/v0.30.0 (058f107) is not public, the matching base carries vllm-gaudi main at
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import base_images
+from tools import base_images
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PROFILE = "tests/builder/profiles/test-base.yaml"

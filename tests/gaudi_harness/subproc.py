@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterable
 
 HARNESS_PARENT = Path(__file__).resolve().parent.parent  # the directory holding gaudi_harness/
 RESULT_MARK = "GAUDI_HARNESS_RESULT:"
@@ -38,15 +39,19 @@ def harness_env(vllm_gaudi_root: Path, vllm_root: Path) -> dict[str, str]:
 
 
 def run_scenarios(test_file: str, names: list[str], vllm_gaudi_root: Path, vllm_root: Path,
-                  timeout: float = 600, kwargs: dict | None = None) -> dict[str, object]:
+                  timeout: float = 600, kwargs: dict | None = None,
+                  python_path: Iterable[str | Path] = ()) -> dict[str, object]:
     """Run the functions `names` of `test_file` (each with `kwargs`) in ONE child process against
-    `vllm_gaudi_root`; return {name: JSON result}. A scenario that raises gives
+    `vllm_gaudi_root`; return {name: JSON result}. `python_path`: the code under test (e.g. the
+    port's tree), put first on the child's sys.path after the bootstrap, so that vLLM's plugin
+    discovery at bootstrap sees only the upstream trees and the stub (an installed-looking
+    egg-info in that tree would otherwise register it as a plugin). A scenario that raises gives
     {"harness_error": "<Type>: <message>", "traceback": ...} so one failure does not hide the others.
     Raises RuntimeError with the child's output if the child produced no result at all."""
     code = ("import sys, json; from gaudi_harness.subproc import _child_main; "
-            "_child_main(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]))")
+            "_child_main(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4]))")
     proc = subprocess.run([sys.executable, "-c", code, str(test_file), json.dumps(list(names)),
-                           json.dumps(kwargs or {})],
+                           json.dumps(kwargs or {}), json.dumps([str(p) for p in python_path])],
                           env=harness_env(Path(vllm_gaudi_root), Path(vllm_root)),
                           capture_output=True, text=True, timeout=timeout)
     for line in reversed(proc.stdout.splitlines()):
@@ -57,23 +62,25 @@ def run_scenarios(test_file: str, names: list[str], vllm_gaudi_root: Path, vllm_
 
 
 def run_scenario(scenario: str, vllm_gaudi_root: Path, vllm_root: Path, timeout: float = 600,
-                 **kwargs) -> object:
-    """`file.py::function(**kwargs)` in a child process; its result, or RuntimeError if it raised."""
+                 python_path: Iterable[str | Path] = (), **kwargs) -> object:
+    """`file.py::function(**kwargs)` in a child process (`python_path` as in run_scenarios); its
+    result, or RuntimeError if it raised."""
     path, _, name = scenario.partition("::")
     if not name:
         raise ValueError(f"scenario must be 'file.py::function', found {scenario!r}")
-    result = run_scenarios(path, [name], vllm_gaudi_root, vllm_root, timeout, kwargs)[name]
+    result = run_scenarios(path, [name], vllm_gaudi_root, vllm_root, timeout, kwargs, python_path)[name]
     if isinstance(result, dict) and "harness_error" in result:
         raise RuntimeError(f"{scenario} raised {result['harness_error']}\n{result['traceback']}")
     return result
 
 
-def _child_main(test_file: str, names: list[str], kwargs: dict) -> None:
+def _child_main(test_file: str, names: list[str], kwargs: dict, python_path: list[str] = ()) -> None:
     import importlib.util
     import traceback
 
     from gaudi_harness import bootstrap
     bootstrap.install()
+    sys.path[:0] = python_path    # the code under test, after vLLM's plugin discovery (run_scenarios)
     spec = importlib.util.spec_from_file_location(f"_scenarios_{Path(test_file).stem}", test_file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

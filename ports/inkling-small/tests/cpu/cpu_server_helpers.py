@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+from tools import cpu_server
+
 REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO / "tools"))
-import cpu_server  # noqa: E402
 
 RUN_GATES = REPO / "ports" / "inkling-small" / "tests" / "hpu" / "run_gates.sh"
 

@@ -1,19 +1,16 @@
-"""Shared setup for the model tests: import path, shipped configs, cached tiny checkpoints."""
+"""Shared setup for the model tests: shipped configs, cached tiny checkpoints."""
 from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 
+import torch
+
+from inkling_hpu import parity
+from inkling_hpu.model.knobs import Knobs
+
 PORT_ROOT = Path(__file__).resolve().parents[2]
-if str(PORT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PORT_ROOT))
-
-import torch  # noqa: E402
-
-from inkling_hpu import parity  # noqa: E402
-from inkling_hpu.model.knobs import Knobs  # noqa: E402
 
 CONFIG_DIR = PORT_ROOT / "inkling_hpu" / "configs"
 SHIPPED_CONFIGS = sorted(path.name for path in CONFIG_DIR.glob("*.json"))

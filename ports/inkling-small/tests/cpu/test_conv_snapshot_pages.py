@@ -22,9 +22,6 @@ BUDGET = 64 * 2**20     # bytes of KV memory offered to vLLM's pool sizing
 
 
 def scenario_pages(port_dir: str) -> dict:
-    import sys
-
-    sys.path.insert(0, port_dir)
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
@@ -81,7 +78,8 @@ def test_snapshot_bytes_are_in_the_kv_page_and_the_pool_sizing(vllm_gaudi_src, v
     from gaudi_harness.subproc import run_scenario
 
     patched = _patched_tree(vllm_gaudi_src, tmp_path / "patched", port_dir)
-    out = {name: run_scenario(f"{__file__}::scenario_pages", tree, vllm_src, timeout=600, port_dir=str(port_dir))
+    out = {name: run_scenario(f"{__file__}::scenario_pages", tree, vllm_src, timeout=600,
+                              python_path=[port_dir], port_dir=str(port_dir))
            for name, tree in (("pristine", vllm_gaudi_src), ("patched", patched))}
     print(json.dumps(out))
     kv = sum(layer["kv"] for layer in out["pristine"]["layers"])

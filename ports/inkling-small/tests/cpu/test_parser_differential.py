@@ -22,7 +22,7 @@ import re
 
 import pytest
 
-import parser_cases as pc
+from tools import parser_cases as pc
 
 NAME_RE = re.compile(r'"name"\s*:\s*"([^"]*)"')
 

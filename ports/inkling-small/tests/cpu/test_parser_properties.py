@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import parser_cases as pc
+from tools import parser_cases as pc
 from inkling_hpu.parsers import inkling_py
 from inkling_hpu.parsers.inkling_py import MarkerLexer, ToolCallScanner
 

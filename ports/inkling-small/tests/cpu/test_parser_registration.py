@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-import parser_cases as pc
+from tools import parser_cases as pc
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-import parser_cases as pc
-from parser_cases import END, END_SAMPLING, MSG, TEXT, THINK, TOOL, TOOL_ERROR, TOOL_TEXT
+from tools import parser_cases as pc
+from tools.parser_cases import END, END_SAMPLING, MSG, TEXT, THINK, TOOL, TOOL_ERROR, TOOL_TEXT
 from inkling_hpu.parsers.inkling_py import (
     CONTENT, HEADER, REASONING, InklingPyReasoningParser, InklingPyToolParser, InklingStream,
     ToolCallScanner,

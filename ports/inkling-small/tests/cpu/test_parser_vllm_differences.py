@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-import parser_cases as pc
-from parser_cases import END, MSG, TEXT, THINK, TOOL
+from tools import parser_cases as pc
+from tools.parser_cases import END, MSG, TEXT, THINK, TOOL
 
 pytestmark = pytest.mark.timeout(300)
 

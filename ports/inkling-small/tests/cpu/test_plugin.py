@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-# The harness also loads this file in its scenario process, where conftest.py has not run.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from inkling_hpu import models  # noqa: E402
+# The harness also loads this file in its scenario process (run_scenario puts the port on its sys.path).
+from inkling_hpu import models
 
 
 def test_entry_point_and_metadata_are_declared(port_dir):
@@ -233,7 +232,7 @@ def test_glue_reads_requests_from_real_runner_metadata(vllm_gaudi_src, vllm_src,
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_glue_chunks", vllm_gaudi_src, vllm_src, timeout=600,
-                       port_dir=str(port_dir))
+                       python_path=[port_dir], port_dir=str(port_dir))
     a, b, pad = out["blocks"]["A"], out["blocks"]["B"], out["pad"]
     prompt = [1 + i % 30 for i in range(300)]
     flat = [chunk for call in out["calls"] for chunk in call]
@@ -343,7 +342,7 @@ def test_glue_through_the_real_runner_gives_the_model_s_own_tokens(vllm_gaudi_sr
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
-                       port_dir=str(port_dir))
+                       python_path=[port_dir], port_dir=str(port_dir))
     assert len(out["sampled"]) == 6
     assert out["dtype"] == "torch.bfloat16"          # vLLM's dtype on the HPU platform
     assert out["sampled"] == out["direct"], out
@@ -355,6 +354,6 @@ def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(v
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
-                       port_dir=str(port_dir), float32=True)
+                       python_path=[port_dir], port_dir=str(port_dir), float32=True)
     assert out["dtype"] == "torch.float32"
     assert out["sampled"] == out["direct"] == out["reference_fp32"], out

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,6 @@ PAGE_KNOBS = {"INKLING_PREFILL_BIAS_BUDGET": "65536", "INKLING_DECODE_WINDOW_PLU
 
 def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling: bool = False):
     """The port in vllm-gaudi's real runner + vLLM's real scheduler; returns (engine, reference, raw)."""
-    sys.path.insert(0, port_dir)
     import tempfile
 
     import torch
@@ -285,7 +283,7 @@ def test_shared_prefix_fails_before_snapshots(served_vllm_gaudi, vllm_src, prist
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
-                       port_dir=str(pristine_port), new_tokens=1)
+                       python_path=[pristine_port], port_dir=str(pristine_port), new_tokens=1)
     # B is admitted on A's two cached blocks (prefix hit at 256) in both runs.
     assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
     # A is exact; B starts from A's conv slot (same first block), i.e. from A's last three conv
@@ -309,7 +307,8 @@ def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, 
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
-                       port_dir=str(port_dir), page_knobs=page_knobs, async_scheduling=async_scheduling)
+                       python_path=[port_dir], port_dir=str(port_dir), page_knobs=page_knobs,
+                       async_scheduling=async_scheduling)
     print(json.dumps(out))
     assert out["scheduler"] == ("HPUAsyncScheduler" if async_scheduling else "Scheduler"), out
     assert out["runner_inkling_window"] == (64 if page_knobs else None), out
@@ -328,7 +327,7 @@ def test_hit_vs_cold_fp32_identical(served_vllm_gaudi, vllm_src, port_dir):
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_hit_vs_cold", served_vllm_gaudi, vllm_src, timeout=1700,
-                       port_dir=str(port_dir))
+                       python_path=[port_dir], port_dir=str(port_dir))
     assert len(out["prompts"]) == 14
     for entry in out["prompts"]:
         for k, hit in entry["hits"].items():
@@ -348,7 +347,7 @@ def test_hit_vs_cold_bf16_identical_or_near_tie(served_vllm_gaudi, vllm_src, por
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_hit_vs_cold", served_vllm_gaudi, vllm_src, timeout=1700,
-                       port_dir=str(port_dir), float32=False, tolerance=BF16_TIE)
+                       python_path=[port_dir], port_dir=str(port_dir), float32=False, tolerance=BF16_TIE)
     print(json.dumps({"splits": [[h["split_at"] for h in e["hits"].values()] for e in out["prompts"]]}))
     for entry in out["prompts"]:
         for k, hit in entry["hits"].items():
@@ -363,7 +362,7 @@ def test_preempted_request_gives_the_unpreempted_tokens(served_vllm_gaudi, vllm_
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_preemption", served_vllm_gaudi, vllm_src, timeout=1100,
-                       port_dir=str(port_dir), async_scheduling=async_scheduling)
+                       python_path=[port_dir], port_dir=str(port_dir), async_scheduling=async_scheduling)
     print(json.dumps(out))
     assert out["none"]["tokens"] == out["expected"], out
     # resumed on its cached blocks: admitted again at 256 (prompt 300 + 3 tokens, 2 full blocks)

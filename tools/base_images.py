@@ -30,7 +30,7 @@ from pathlib import Path
 
 import docker
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "docker"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"  # pip's target on Debian 12's python3
 ROOTFS_PACKAGES = ["python3", "python3-pip", "python3-setuptools", "python3-wheel", "git",

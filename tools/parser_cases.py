@@ -1,9 +1,10 @@
-"""Shared helpers for the inkling_py parser tests and benchmark.
+"""Shared helpers for the inkling_py parser tests and benchmark (tools.parser_cases).
 
-Puts the pristine vLLM 0.30.0 sdist tree (located by cookbook.upstream) and the port on
-sys.path, and provides: a small marker-aware tokenizer, a generator of Inkling outputs, and
-drivers that run an output through vLLM's served parser composition (DelegatingParser) for
-either parser name, whole or split into deltas.
+Needs the repository root and the port (ports/inkling-small) importable (pytest's pythonpath, or
+PYTHONPATH=ports/inkling-small with `python -m` from the root). Appends the pristine vLLM 0.30.0
+sdist tree (located by cookbook.upstream) to sys.path, and provides: a small marker-aware
+tokenizer, a generator of Inkling outputs, and drivers that run an output through vLLM's served
+parser composition (DelegatingParser) for either parser name, whole or split into deltas.
 """
 
 from __future__ import annotations
@@ -15,19 +16,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PORT_ROOT = Path(__file__).resolve().parents[2]
-REPO_ROOT = PORT_ROOT.parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PORT_ROOT = REPO_ROOT / "ports" / "inkling-small"
 
 
 def setup_paths() -> Path:
-    """Make `vllm` (pristine 0.30.0 sdist) and `inkling_hpu` importable; return the tree."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
+    """Make `vllm` (pristine 0.30.0 sdist) importable; return the tree."""
     from cookbook import upstream
 
     tree = Path(upstream.vllm_source("0.30.0"))
-    if str(PORT_ROOT) not in sys.path:
-        sys.path.insert(0, str(PORT_ROOT))
     # Appended, not prepended: the sdist's own tests/ package must not shadow ours.
     if str(tree) not in sys.path:
         sys.path.append(str(tree))
