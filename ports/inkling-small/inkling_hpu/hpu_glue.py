@@ -15,7 +15,8 @@ Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 On CPU, tests/cpu/test_plugin.py and test_prefix_conv_state.py run this class inside vllm-gaudi's
 real HPUModelRunner and HpuModelAdapter (the CPU harness; the latter with vLLM's real scheduler and
 prefix caching): fp32 greedy tokens equal transformers'. Not exercised there: Habana kernels and
-graphs, TP collectives, the KV allocation of initialize_kv_cache.
+graphs, TP collectives, the KV allocation of initialize_kv_cache. The start-up lines and refusals of
+`kv_cache_config_ready` run in a real server through the CPU glue (cpu_glue.py, a subclass).
 """
 from __future__ import annotations
 

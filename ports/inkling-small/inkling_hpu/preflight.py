@@ -4,10 +4,14 @@ the repository the image carries (the cookbook library comes from there):
     cd /opt/gaudi-cookbook && python3 -m inkling_hpu.preflight [--profile P] [--port-profile P] [--json]
 
 Checks, with the cookbook library the image carries: both commits are the profile's; the port's
-runner patch is in place (a dry run finds it already applied) and stamped; `inkling_hpu` is
-installed with its vLLM plugin entry point; then the port's CPU tests when the image has torch and
-pytest (a Gaudi image does; the docker tests' Debian base does not, and says so). Exit 0 when every
-check passes or is skipped with a reason, 1 otherwise.
+runner patches (the conv state in the KV page, the decode window) are in place (a dry run finds
+them already applied) and stamped; `inkling_hpu` is installed with its vLLM plugin entry point;
+vLLM's own plugin loader then resolves the `inkling_py` tool-call and reasoning parsers to the
+port's; then the port's CPU tests when the image has torch, pytest and vLLM (a Gaudi image does; the
+docker tests' Debian base does not, and says so). The CPU tests run offline against the vLLM and
+vllm-gaudi the image has installed (VLLM_SRC, VLLM_GAUDI_SRC); the tests that start a CPU server
+(`server`: they need the package index) or compare pristine upstream trees (`pristine`: the image's
+are patched) are deselected. Exit 0 when every check passes or is skipped with a reason, 1 otherwise.
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from cookbook import api, sources, stamp
 from cookbook.profiles import DEFAULT_PROFILE, REPO_ROOT
@@ -70,6 +76,24 @@ def check_plugin() -> tuple[str, str]:
     return "pass", f"inkling_hpu {dist.version}: " + ", ".join(f"{ep.name} = {ep.value}" for ep in plugins)
 
 
+def check_parsers() -> tuple[str, str]:
+    if importlib.util.find_spec("vllm") is None:
+        return "skip", "vllm not importable in this image: parsers not resolved"
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    found = {"tool": ToolParserManager.get_tool_parser("inkling_py"),
+             "reasoning": ReasoningParserManager.get_reasoning_parser("inkling_py")}
+    wrong = [f"{kind}: {cls.__module__}.{cls.__name__}" for kind, cls in found.items()
+             if not cls.__module__.startswith("inkling_hpu.parsers")]
+    if wrong:
+        return "fail", "inkling_py resolves outside the port: " + ", ".join(wrong)
+    return "pass", ", ".join(f"{kind} inkling_py -> {cls.__module__}.{cls.__name__}" for kind, cls in found.items())
+
+
 def read_stamps(profile: str) -> dict:
     """{target: {path, sha256, stamp}} for every target whose package carries a fix stamp."""
     packages = {t: pin.package for t, pin in api.load_profile(profile).targets.items()}
@@ -84,8 +108,12 @@ def run_cpu_tests() -> tuple[str, str]:
         return "skip", f"{', '.join(missing)} not importable in this image: CPU tests not run"
     if not tests.is_dir():
         return "skip", f"{tests} does not exist"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-                          capture_output=True, text=True, cwd="/tmp")
+    installed = {name: importlib.util.find_spec(package) for name, package in
+                 (("VLLM_SRC", "vllm"), ("VLLM_GAUDI_SRC", "vllm_gaudi"))}
+    env = {**os.environ, **{name: str(Path(spec.origin).parents[1]) for name, spec in installed.items() if spec}}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                           "not server and not pristine", str(tests)],
+                          capture_output=True, text=True, cwd="/tmp", env=env)
     tail = (proc.stdout.strip().splitlines() or [""])[-1]
     return ("pass" if proc.returncode == 0 else "fail"), tail
 
@@ -100,9 +128,10 @@ def main() -> int:
     profile = str(REPO_ROOT / args.profile) if args.profile.endswith(".yaml") else args.profile
     checks = []
     for name, func in (("commits", lambda: check_commits(profile)),
-                       ("port runner patch", lambda: check_port_patch(port_profile)),
+                       ("port runner patches", lambda: check_port_patch(port_profile)),
                        ("stamp", lambda: check_stamp(port_profile)),
                        ("plugin", check_plugin),
+                       ("parsers", check_parsers),
                        ("CPU tests", run_cpu_tests)):
         try:
             status, detail = func()

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# Compares the pristine vllm-gaudi with the patched one: needs an unpatched tree (not an image's).
+pytestmark = pytest.mark.pristine
+
 CONFIG = "tiny-block128-dense.json"
 BUDGET = 64 * 2**20     # bytes of KV memory offered to vLLM's pool sizing
 

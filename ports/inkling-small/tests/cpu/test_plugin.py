@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 # The harness also loads this file in its scenario process (run_scenario puts the port on its sys.path).
+import inkling_hpu
 from inkling_hpu import models
 
 
@@ -33,6 +34,8 @@ def test_entry_point_and_metadata_are_declared(port_dir):
 
 def test_lazy_target_names_the_glue_class():
     assert models.LAZY_TARGET == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    assert models.CPU_LAZY_TARGET == "inkling_hpu.cpu_glue:CpuInklingForCausalLM"
+    assert inkling_hpu._model_target(with_gaudi=True) == models.LAZY_TARGET   # vllm-gaudi installed: HPU
     assert "InklingForCausalLM" in models.ARCHITECTURES
 
 
@@ -81,7 +84,7 @@ def test_vllm_plugin_loader_registers_lazy_class_guards_and_parsers(installed, v
             "registry_entry": type(entry).__name__,
             "target": f"{entry.module_name}:{entry.class_name}",
             "mm_target": "{0.module_name}:{0.class_name}".format(ModelRegistry.models["InklingForConditionalGeneration"]),
-            "glue_imported_at_registration": "inkling_hpu.hpu_glue" in sys.modules,
+            "glue_imported_at_registration": any(m in sys.modules for m in ("inkling_hpu.hpu_glue", "inkling_hpu.cpu_glue")),
             "habana_imported": any(m.startswith("habana_frameworks") for m in sys.modules),
             "guard": getattr(MODELS_CONFIG_MAP.get("InklingForCausalLM"), "inkling_hpu_guard", False),
             "tool_parser": ToolParserManager.get_tool_parser("inkling_py").__module__,
@@ -97,14 +100,30 @@ def test_vllm_plugin_loader_registers_lazy_class_guards_and_parsers(installed, v
     assert out["declared"] == ["inkling_hpu:register"]
     assert out["plugin_file"].startswith(str(installed))
     assert out["registry_entry"] == "_LazyRegisteredModel"
-    assert out["target"] == out["mm_target"] == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    # vLLM's CPU platform without vllm-gaudi: the CPU glue (with vllm-gaudi: the HPU glue, below)
+    assert out["target"] == out["mm_target"] == "inkling_hpu.cpu_glue:CpuInklingForCausalLM"
     assert out["glue_imported_at_registration"] is False
     assert out["habana_imported"] is False
     assert out["guard"] is True and out["guard_not_rewrapped"] is True
     assert out["tool_parser"].startswith("inkling_hpu.parsers")
     assert out["reasoning_parser"].startswith("inkling_hpu.parsers")
-    assert out["resolved"] == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    assert out["resolved"] == "inkling_hpu.cpu_glue:CpuInklingForCausalLM"
     assert out["habana_after_resolve"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_preflight_resolves_the_parsers_through_vllms_plugin_loader(installed, vllm_src, port_dir):
+    """The image preflight's parsers check, with the port pip-installed next to vLLM (cwd: the
+    repository, whose cookbook library the preflight uses, as in the image)."""
+    out = _run(installed, vllm_src, """
+        import json
+        from inkling_hpu import preflight
+        print(json.dumps(preflight.check_parsers()))
+    """, port_dir.parents[1])
+    status, detail = out
+    assert status == "pass", detail
+    assert "tool inkling_py -> inkling_hpu.parsers" in detail and "reasoning inkling_py -> inkling_hpu.parsers" in detail
 
 
 @pytest.mark.slow

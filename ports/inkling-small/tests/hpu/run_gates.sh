@@ -27,7 +27,7 @@ Environment:
   MODEL             served model name (default: the first /v1/models lists)
   STAND_IN          1 = the server serves a stand-in checkpoint (random weights)
   SERVER_LOG        path of the server's log, for the log gate (skipped when unset)
-  PREFLIGHT_TESTS   1 = also run the port's CPU tests with this python (inside the image)
+  COOKBOOK          the cookbook inside the image, for the preflight gate (default /opt/gaudi-cookbook)
   BLOCK_SIZE        the server's --block-size, for the prefix-cache gate (default 128)
   LOGPROB_REQUESTS  logprobs requests (default 200)
   DECODE_STREAMS    streams beside the long prompt (default 15: --max-num-seqs 16 less one)
