@@ -31,6 +31,28 @@ from inkling_hpu.model.modeling import InklingCaches, LayerCache
 PAD_BLOCK = 0
 
 
+def page_views(kv: torch.Tensor, block_size: int, kv_heads: int, head_dim: int, channels: dict[str, int],
+               taps: int, layer_idx: int = 0) -> LayerCache:
+    """A layer's caches inside its pages: `kv` is any view whose dim 0 is the block and whose block stride
+    is the page (vLLM's [blocks, heads, block_size, 2 * head_dim] view of the pool). Each page holds K rows
+    [block_size, kv_heads, head_dim], then V rows, then the conv state [taps, channels] of each stream."""
+    num_blocks, page, base = kv.shape[0], kv.stride(0), kv.storage_offset()
+    kv_rows = block_size * kv_heads * head_dim
+    needed = 2 * kv_rows + taps * sum(channels.values())
+    if page < needed:
+        raise guards.InklingConfigRefused(
+            f"Inkling-Small refuses to start: layer {layer_idx}'s KV page holds {page} elements, expected "
+            f"{needed} (K, V and the conv state of one block)")
+    rows_shape, rows_stride = (num_blocks, block_size, kv_heads, head_dim), (page, kv_heads * head_dim, head_dim, 1)
+    key = kv.as_strided(rows_shape, rows_stride, base)
+    value = kv.as_strided(rows_shape, rows_stride, base + kv_rows)
+    conv, offset = {}, base + 2 * kv_rows
+    for stream, width in channels.items():
+        conv[stream] = kv.as_strided((num_blocks, taps, width), (page, width, 1), offset)
+        offset += taps * width
+    return LayerCache(key=key, value=value, conv=conv)
+
+
 def _paged_conv_attention():
     from vllm.model_executor.layers.attention import Attention
 
@@ -86,28 +108,12 @@ class CpuInklingForCausalLM(HpuInklingForCausalLM):
         """K, V and conv-state views into one layer's pages of vLLM's pool (block b: its page)."""
         kv = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
         attn = self.inkling.model.layers[layer_idx].self_attn
-        heads, dim = attn.num_key_value_heads, attn.head_dim
         if kv.dtype != self.inkling.dtype:
             raise guards.InklingConfigRefused(
                 f"Inkling-Small refuses to start: KV cache dtype: expected {self.inkling.dtype} (the model's), "
                 f"found {kv.dtype}")
-        num_blocks, page, base = kv.shape[0], kv.stride(0), kv.storage_offset()
-        kv_rows = self.block_size * heads * dim
-        channels = self.inkling.conv_channels(layer_idx)
-        taps = self.config.conv_kernel_size - 1
-        needed = 2 * kv_rows + taps * sum(channels.values())
-        if page < needed:
-            raise guards.InklingConfigRefused(
-                f"Inkling-Small refuses to start: layer {layer_idx}'s KV page holds {page} elements, expected "
-                f"{needed} (K, V and the conv state of one block)")
-        rows_shape, rows_stride = (num_blocks, self.block_size, heads, dim), (page, heads * dim, dim, 1)
-        key = kv.as_strided(rows_shape, rows_stride, base)
-        value = kv.as_strided(rows_shape, rows_stride, base + kv_rows)
-        conv, offset = {}, base + 2 * kv_rows
-        for stream, width in channels.items():
-            conv[stream] = kv.as_strided((num_blocks, taps, width), (page, width, 1), offset)
-            offset += taps * width
-        return LayerCache(key=key, value=value, conv=conv)
+        return page_views(kv, self.block_size, attn.num_key_value_heads, attn.head_dim,
+                          self.inkling.conv_channels(layer_idx), self.config.conv_kernel_size - 1, layer_idx)
 
     # --- forward --------------------------------------------------------------------------------
     def step_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, pad_block: int) -> StepMetadata:

@@ -172,3 +172,38 @@ def test_one_decoder_layer_class_and_one_class_per_attention_and_mlp_kind():
     assert kinds == [("InklingSlidingAttention", "InklingMLP")] * 2 + [
         ("InklingSlidingAttention", "InklingMoE"), ("InklingFullAttention", "InklingMoE")]
     assert isinstance(layers[0].self_attn, modeling.InklingAttention)
+
+
+def _caches_in_pages(model, num_blocks, padding=8):
+    """The CPU glue's layout: one pool per layer, one page per block holding K, V and the conv state
+    (and some padding, as vLLM's page may have), viewed by cpu_glue.page_views."""
+    from inkling_hpu.cpu_glue import page_views
+
+    taps, layers, pools = model.config.conv_kernel_size - 1, [], []
+    for i, layer in enumerate(model.model.layers):
+        heads, dim, channels = layer.self_attn.num_key_value_heads, layer.self_attn.head_dim, model.conv_channels(i)
+        page = 2 * BLOCK * heads * dim + taps * sum(channels.values()) + padding
+        pool = torch.zeros(num_blocks, page, dtype=model.dtype)    # vLLM's pool starts zeroed too
+        pool[:, -padding:] = 7.0                                   # the page's tail: never written
+        layers.append(page_views(pool, BLOCK, heads, dim, channels, taps, i))
+        pools.append(pool)
+    return modeling.InklingCaches(block_size=BLOCK, layers=layers), pools
+
+
+def test_caches_inside_pages_compute_what_separate_caches_compute():
+    """K, V and conv state living in each block's page (strided views: the KV rows are written by
+    (block, offset), not as one run) give the same logits and the same per-request state."""
+    model = helpers.port_model(CONFIG)
+    separate = model.allocate_caches(NUM_BLOCKS, BLOCK)
+    paged, pools = _caches_in_pages(model, NUM_BLOCKS)
+    assert not any(layer.key.is_contiguous() for layer in paged.layers)
+    a, b = _tokens(11, seed=1), _tokens(6, seed=2)
+    steps = [[RequestChunk(a[:7], 0, [5, 2, 9]), RequestChunk(b[:6], 0, [3, 8])],
+             [RequestChunk(a[7:11], 7, [5, 2, 9]), RequestChunk([b[5]], 6, [3, 8])],
+             [RequestChunk([a[10]], 11, [5, 2, 9, 1]), RequestChunk([b[4]], 7, [3, 8])]]
+    for chunks in steps:
+        torch.testing.assert_close(_step(model, paged, chunks), _step(model, separate, chunks), atol=0, rtol=0)
+    for blocks, length in (([5, 2, 9, 1], 12), ([3, 8], 8)):
+        for x, y in zip(_request_state(paged, blocks, length), _request_state(separate, blocks, length)):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+    assert all(bool((pool[:, -8:] == 7.0).all()) for pool in pools)
