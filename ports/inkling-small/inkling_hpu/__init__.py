@@ -48,7 +48,7 @@ def _register_models(target: str) -> None:
         ModelRegistry.register_model(arch, target)
 
 
-def _install_config_guard() -> None:
+def _install_config_guard(runtime) -> None:
     """Run the start-up guards when vLLM builds a VllmConfig for an Inkling architecture.
 
     VllmConfig.__post_init__ calls MODELS_CONFIG_MAP[architecture].verify_and_update_config (vLLM's
@@ -72,17 +72,21 @@ def _install_config_guard() -> None:
             def verify_and_update_config(cls, vllm_config) -> None:
                 if cls._previous is not None:
                     cls._previous.verify_and_update_config(vllm_config)
-                guards.check(guards.settings_from_vllm_config(vllm_config))
+                guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=runtime))
 
         MODELS_CONFIG_MAP[arch] = InklingHpuConfigGuard
 
 
 def register() -> None:
     """vLLM general plugin: register Inkling's HPU model class, its guards and parsers."""
+    from inkling_hpu import guards
+
     with_gaudi = _register_vllm_gaudi_first()
     target = _model_target(with_gaudi)
     _register_models(target)
-    _install_config_guard()
+    # On vLLM's CPU worker, contiguous PA and merged prefill do not exist; on HPU they are read from
+    # vllm-gaudi's environment rules (the API server has no vllm-gaudi runtime config yet).
+    _install_config_guard(guards.CPU_RUNTIME if target == models.CPU_LAZY_TARGET else None)
     from inkling_hpu import parsers
 
     parsers.register()

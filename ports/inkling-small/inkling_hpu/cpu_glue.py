@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import torch
 
@@ -75,8 +74,7 @@ class CpuInklingForCausalLM(HpuInklingForCausalLM):
     RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")   # the CPU runner's base
 
     def _runtime_config(self):
-        # vLLM's CPU runner has neither contiguous PA nor merged prefill (vllm-gaudi features).
-        return SimpleNamespace(use_contiguous_pa=False, merged_prefill=False)
+        return guards.CPU_RUNTIME
 
     def _holder_class(self):
         return _paged_conv_attention()

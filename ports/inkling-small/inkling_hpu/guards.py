@@ -50,6 +50,18 @@ def _env_flag(environ: Mapping[str, str], name: str) -> bool | None:
     return value.strip().lower() in _TRUE_WORDS
 
 
+@dataclass(frozen=True)
+class RuntimeFlags:
+    """The two runtime flags vllm-gaudi resolves (`get_config()` has the same attribute names)."""
+
+    use_contiguous_pa: bool
+    merged_prefill: bool
+
+
+# vLLM's own CPU worker (the CPU glue) has neither feature, whatever prefix caching is set to.
+CPU_RUNTIME = RuntimeFlags(use_contiguous_pa=False, merged_prefill=False)
+
+
 def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | None = None,
                               gaudi_runtime_config: Any = None) -> ServingSettings:
     """Read the guarded settings from a vLLM VllmConfig and the vllm-gaudi environment.

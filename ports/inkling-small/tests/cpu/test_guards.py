@@ -97,6 +97,9 @@ def test_contiguous_pa_follows_vllm_gaudi_rules(env, prefix_caching, expected):
         cache_config, model_config, speculative_config = Cache, Model, None
 
     assert guards.settings_from_vllm_config(Config, environ=env).contiguous_pa is expected
+    # vLLM's own CPU worker has no contiguous PA: prefix caching off is then served, not refused
+    cpu = guards.settings_from_vllm_config(Config, environ=env, gaudi_runtime_config=guards.CPU_RUNTIME)
+    assert cpu.contiguous_pa is False and cpu.merged_prefill is False
 
 
 def _run_with_vllm(vllm_src, port_dir, code: str, env_extra: dict | None = None) -> dict:
