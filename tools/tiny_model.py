@@ -1,17 +1,16 @@
-"""Write the tiny random-weight checkpoints vLLM serves on CPU: config.json, safetensors weights and a
-byte-level BPE tokenizer trained here on local text, with a chat template. Nothing is downloaded.
-Stand-ins for serving tests: they answer nothing sensibly (semantic gates say so), but every serving
+"""Write the tiny random-weight Inkling that vLLM serves on CPU through the port's own model code
+(inkling_hpu, the CPU glue): config.json, safetensors weights and a byte-level BPE tokenizer trained
+here on local text, with a chat template and Inkling's message markers. Nothing is downloaded. A
+stand-in for serving tests: it answers nothing sensibly (semantic gates say so), but every serving
 mechanism (chunked prefill, prefix caching, logprobs, streaming, metrics, parsers) runs.
 
-- `inkling` (the default): a small Inkling served by the port's own model code (inkling_hpu, the CPU
-  glue). Its config.json is in the checkpoint's own format (vLLM's `inkling_model`); its weights are
-  transformers' Inkling with seeded random weights under the TML checkpoint names (`model.llm.*`, two
-  shards and an index), next to vision and audio tower tensors and an `mtp.safetensors`, which the
-  port's text-only loader must leave unread. `reference.json` records the seed and config, so a test
-  can rebuild the same model in transformers and compare tokens.
-- `llama`: a 2-layer Llama (a model vLLM serves by itself).
+Its config.json is in the checkpoint's own format (vLLM's `inkling_model`); its weights are
+transformers' Inkling with seeded random weights under the TML checkpoint names (`model.llm.*`, two
+shards and an index), next to vision and audio tower tensors and an `mtp.safetensors`, which the
+port's text-only loader must leave unread. `reference.json` records the seed and config, so a test
+can rebuild the same model in transformers and compare tokens.
 
-    <server venv>/bin/python tools/tiny_model.py OUT_DIR [--kind inkling|llama] [--max-position 4096]
+    <server venv>/bin/python tools/tiny_model.py OUT_DIR [--max-position 4096]
 
 Run with the server venv's python (transformers, tokenizers, torch; for `inkling`, inkling_hpu on
 the path). Deterministic: the same arguments give the same weights and tokenizer.
@@ -53,25 +52,6 @@ def build_tokenizer(out: Path, vocab_size: int, extra_specials: tuple[str, ...] 
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     return fast
-
-
-def build_llama(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=1024)
-    # head_dim 64: vLLM's CPU attention supports 32, 64, 80 and up (16 crashes at the first request)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=64,
-                         max_position_embeddings=max_position, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
-                         torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(out, safe_serialization=True)
-    (out / "stand-in.json").write_text(json.dumps({"stand_in": True, "why": "random weights, for serving tests"}))
-    return out
 
 
 # The served Inkling: every block of the real architecture at toy widths. One KV spec for every layer
@@ -139,11 +119,9 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--kind", choices=["inkling", "llama"], default="inkling")
     parser.add_argument("--max-position", type=int, default=4096)
     args = parser.parse_args(argv)
-    build = build_inkling if args.kind == "inkling" else build_llama
-    print(build(args.out, args.max_position))
+    print(build_inkling(args.out, args.max_position))
     return 0
 
 
