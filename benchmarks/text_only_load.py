@@ -21,10 +21,11 @@ name table (inkling_hpu.model.weights). Then, in one run, alternating, several t
 With --tp 8, instead: 8 processes (one per rank, as the 8 workers on a node) load their rank's
 slabs of the same checkpoint at once, vs one plain sequential read of the text bytes:
 
-  tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is
-  tp_port_buffered the same with direct=False
-  tp_port_threads  the same with direct=True and io_uring off
-  tp_presharded    the same load, on a copy of the checkpoint (symlinks) that also holds the port's
+  tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is (the
+                   default reads buffered there)
+  tp_port_direct   the same with direct=True: the rank's own slabs by O_DIRECT through io_uring
+  tp_port_threads  the same with direct=True and io_uring off (threads)
+  tp_presharded    the default load, on a copy of the checkpoint (symlinks) that also holds the port's
                    pre-sharded layout (python -m inkling_hpu.loader presplit DIR --tp 8): each
                    rank reads its own file, which holds only its slabs
 
@@ -247,7 +248,7 @@ def _consume(tensor: torch.Tensor) -> int:
 
 # How each port method loads: (direct, io_uring allowed).
 PORT_METHODS = {"port": (None, True), "port_buffered": (False, True), "port_threads": (True, False),
-                "tp_port": (None, True), "tp_port_buffered": (False, True), "tp_port_threads": (True, False),
+                "tp_port": (None, True), "tp_port_direct": (True, True), "tp_port_threads": (True, False),
                 "tp_presharded": (None, True)}
 
 
@@ -330,7 +331,7 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
                                                       barrier, results)) for r in range(world)]
     for w in workers:
         w.start()
-    methods = ["plain", "tp_port", "tp_port_buffered", "tp_port_threads", "tp_presharded"]
+    methods = ["plain", "tp_port", "tp_port_direct", "tp_port_threads", "tp_presharded"]
     samples: dict[str, list] = {m: [] for m in methods}
     try:
         for _ in range(args.runs):

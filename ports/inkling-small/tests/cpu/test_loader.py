@@ -315,6 +315,24 @@ def test_default_reads_cold_files_with_o_direct_through_io_uring(checkpoint, mon
     _assert_equal_to_safe_open(ckpt_dir, loaded)
 
 
+def test_default_tensor_parallel_ranks_in_place_read_buffered(checkpoint, monkeypatch):
+    ckpt_dir, text = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    monkeypatch.setattr(loader, "CACHED_SHARE_BUFFERED", 1.0)        # cache or not, would read O_DIRECT
+    queues = []
+    real_queue = loader._DirectQueue
+    monkeypatch.setattr(loader, "_DirectQueue", lambda *args: queues.append(args) or real_queue(*args))
+    specs = [TensorSpec(name, None, shard_dim=dim) for name, dim in
+             {n: (0 if n.endswith("wq_du.weight") else None) for n in text}.items()]
+    per_rank = [dict(ckpt.load(specs, rank=r, world_size=2)) for r in range(2)]
+    assert queues == []
+    name = "model.llm.layers.0.attn.wq_du.weight"
+    assert torch.equal(torch.cat([p[name] for p in per_rank]), text[name])
+    if _io_uring_permitted():
+        dict(ckpt.load(specs, rank=0, world_size=2, direct=True))
+        assert queues
+
+
 @pytest.mark.parametrize("error", [38, 1], ids=["ENOSYS", "EPERM"])
 def test_io_uring_refused_falls_back(checkpoint, monkeypatch, error):
     """A kernel or container (seccomp) that refuses io_uring_setup: the default reads buffered,
