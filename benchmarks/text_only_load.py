@@ -7,20 +7,25 @@ tensor parallelism), an output projection [H, Q] (split on dim 1), experts w13 [
 and w2 [E, H, I] (dim 2), and small replicated norms; the split dims come from the port's own
 name table (inkling_hpu.model.weights). Then, in one run, alternating, several times each:
 
-  plain        each text tensor's byte range read sequentially (buffered) into a fresh tensor: the
-               baseline, no header parsing, no skipping logic
-  port         inkling_hpu.loader.TextCheckpoint(...).load(): headers, then text byte ranges only
-  port_direct  the same with direct=True (O_DIRECT, several requests in flight)
-  safe_open    safetensors.safe_open + get_tensor for every tensor (what a generic loader does)
-  plain_reuse  the same reads as plain into one reused 16 MiB buffer, for context: storage speed
-               without the cost of touching fresh memory
+  plain          each text tensor's byte range read sequentially (buffered) into a fresh tensor:
+                 the baseline, no header parsing, no skipping logic
+  port           inkling_hpu.loader.TextCheckpoint(...).load(): headers, then text byte ranges
+                 only; the default: O_DIRECT through io_uring where the kernel permits io_uring
+                 (the line "io_uring:" says), else buffered
+  port_buffered  the same with direct=False (buffered, readahead stopped short of skipped bytes)
+  port_threads   the same with direct=True and io_uring off: O_DIRECT through a thread pool
+  safe_open      safetensors.safe_open + get_tensor for every tensor (what a generic loader does)
+  plain_reuse    the same reads as plain into one reused 16 MiB buffer, for context: storage speed
+                 without the cost of touching fresh memory
 
 With --tp 8, instead: 8 processes (one per rank, as the 8 workers on a node) load their rank's
 slabs of the same checkpoint at once, vs one plain sequential read of the text bytes:
 
-  tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is
-  tp_port_direct   the same with direct=True
-  tp_presharded    the same load, on a copy of the checkpoint (symlinks) that also holds the port's
+  tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is (the
+                   default reads buffered there)
+  tp_port_direct   the same with direct=True: the rank's own slabs by O_DIRECT through io_uring
+  tp_port_threads  the same with direct=True and io_uring off (threads)
+  tp_presharded    the default load, on a copy of the checkpoint (symlinks) that also holds the port's
                    pre-sharded layout (python -m inkling_hpu.loader presplit DIR --tp 8): each
                    rank reads its own file, which holds only its slabs
 
@@ -48,6 +53,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inkling_hpu import loader
 from inkling_hpu.loader import (PRESHARDED_DIR, PRESHARDED_MANIFEST, TensorSpec, TextCheckpoint,
                                 split_dims, verify_presharded, write_presharded)
 
@@ -237,8 +243,31 @@ def _consume(tensor: torch.Tensor) -> int:
     return flat.numel()
 
 
-def run_port(ckpt_dir: Path, direct: bool = False) -> int:
-    return sum(_consume(tensor) for _, tensor in TextCheckpoint(ckpt_dir).load(direct=direct))
+# How each port method loads: (direct, io_uring allowed).
+PORT_METHODS = {"port": (None, True), "port_buffered": (False, True), "port_threads": (True, False),
+                "tp_port": (None, True), "tp_port_direct": (True, True), "tp_port_threads": (True, False),
+                "tp_presharded": (None, True)}
+
+
+def _load(ckpt: TextCheckpoint, method: str, *args, **kwargs):
+    direct, io_uring = PORT_METHODS[method]
+    loader.IO_URING = io_uring
+    try:
+        yield from ckpt.load(*args, direct=direct, **kwargs)
+    finally:
+        loader.IO_URING = True
+
+
+def run_port(ckpt_dir: Path, method: str = "port") -> int:
+    return sum(_consume(tensor) for _, tensor in _load(TextCheckpoint(ckpt_dir), method))
+
+
+def io_uring_state() -> str:
+    ring = loader._open_ring(1)
+    if ring is None:
+        return f"refused or unavailable ({loader._RING_REFUSED}): the default reads buffered"
+    ring.close()
+    return "permitted: the default reads O_DIRECT through io_uring"
 
 
 def run_safe_open(files: list[Path]) -> int:
@@ -259,7 +288,7 @@ def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, co
         barrier.wait()
         before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
         ckpt = TextCheckpoint(presharded if method == "tp_presharded" else directory)
-        loaded = ckpt.load(specs, rank=rank, world_size=world_size, direct=method == "tp_port_direct")
+        loaded = _load(ckpt, method, specs, rank=rank, world_size=world_size)
         produced = sum(_consume(tensor) for _, tensor in loaded)
         seconds, after = time.perf_counter() - start, _io_counters()
         results.put((rank, seconds, after["read_bytes"] - before["read_bytes"], after["rchar"] - before["rchar"],
@@ -299,7 +328,7 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
                                                       barrier, results)) for r in range(world)]
     for w in workers:
         w.start()
-    methods = ["plain", "tp_port", "tp_port_direct", "tp_presharded"]
+    methods = ["plain", "tp_port", "tp_port_direct", "tp_port_threads", "tp_presharded"]
     samples: dict[str, list] = {m: [] for m in methods}
     try:
         for _ in range(args.runs):
@@ -343,7 +372,8 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
 def run_single(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
     text_bytes = ckpt.text_bytes
     methods = {"plain": lambda: run_plain(ckpt), "port": lambda: run_port(args.dir),
-               "port_direct": lambda: run_port(args.dir, direct=True),
+               "port_buffered": lambda: run_port(args.dir, "port_buffered"),
+               "port_threads": lambda: run_port(args.dir, "port_threads"),
                "safe_open": lambda: run_safe_open(files), "plain_reuse": lambda: run_plain_reused_buffer(ckpt)}
     samples: dict[str, list[tuple[float, int]]] = {m: [] for m in methods}
     for _ in range(args.runs):
@@ -374,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     results = run_tp(args, ckpt, files) if args.tp else run_single(args, ckpt, files)
     results.update(text_bytes=ckpt.text_bytes, checkpoint_bytes=sum(p.stat().st_size for p in files),
-                   runs=args.runs, disk=disk_info(args.dir), cpus=os.cpu_count(),
+                   runs=args.runs, disk=disk_info(args.dir), io_uring=io_uring_state(), cpus=os.cpu_count(),
                    load_average=[round(load_before, 2), round(os.getloadavg()[0], 2)])
     if results["methods"]["plain"]["median_read_bytes"] < ckpt.text_bytes // 2:
         results["note"] = ("read_bytes stayed near 0: the page cache was not dropped on this filesystem, "
@@ -387,23 +417,25 @@ def main(argv: list[str] | None = None) -> int:
           f"skipped {len(ckpt.skipped)} vision/audio/MTP tensors")
     print(f"disk: {results['disk']}; {results['cpus']} CPUs, load average {results['load_average'][0]} before, "
           f"{results['load_average'][1]} after")
+    print(f"io_uring: {results['io_uring']}")
     what = f"{args.tp} ranks at once vs one plain read" if args.tp else "one process"
     print(f"{what}; cold cache; {args.runs} runs per method, methods interleaved")
-    print(f"{'method':<15} {'min s':>6} {'median':>7} {'max s':>6} {'CPU s':>6} {'read GB':>8} {'read/text':>10} "
+    print(f"{'method':<16} {'min s':>6} {'median':>7} {'max s':>6} {'CPU s':>6} {'read GB':>8} {'read/text':>10} "
           f"{'text GB/s':>10} {'vs plain':>9} {'paired':>7}")
     for name, r in results["methods"].items():
-        print(f"{name:<15} {r['min_seconds']:>6.2f} {r['median_seconds']:>7.2f} {r['max_seconds']:>6.2f} "
+        print(f"{name:<16} {r['min_seconds']:>6.2f} {r['median_seconds']:>7.2f} {r['max_seconds']:>6.2f} "
               f"{r['median_cpu_seconds']:>6.2f} {r['median_read_bytes'] / 1e9:>8.3f} {r['read_vs_text']:>9.4f}x "
               f"{r['text_gb_per_s']:>10.2f} {r['throughput_vs_plain']:>8.2f}x {r['paired_vs_plain']:>6.2f}x")
     if args.tp:
         slabs = results["rank_slab_bytes"]
         print(f"per rank (GB, medians): own slab {slabs[0] / 1e9:.3f} each ({sum(slabs) / ckpt.text_bytes:.3f}x "
-              f"text in all); asked = bytes read() from the file system, storage = /proc io read_bytes")
+              f"text in all); asked = bytes read() from the file system (io_uring reads are not counted there), "
+              f"storage = /proc io read_bytes")
         for name, r in results["methods"].items():
             if name == "plain":
                 continue
             asked = r["rank_asked_bytes_median"]
-            print(f"  {name:<15} asked {min(asked) / 1e9:.3f}-{max(asked) / 1e9:.3f} "
+            print(f"  {name:<16} asked {min(asked) / 1e9:.3f}-{max(asked) / 1e9:.3f} "
                   f"({sum(asked) / ckpt.text_bytes:.2f}x text in all), storage "
                   + " ".join(f"{b / 1e9:.3f}" for b in r["rank_read_bytes_median"])
                   + f"; rank seconds {min(r['rank_seconds_median']):.2f}-{max(r['rank_seconds_median']):.2f}")

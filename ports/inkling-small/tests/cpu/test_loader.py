@@ -91,6 +91,26 @@ def _assert_equal_to_safe_open(ckpt_dir: Path, loaded: dict[str, torch.Tensor]) 
     assert seen == set(loaded)
 
 
+# buffered: direct=False; direct: O_DIRECT through io_uring where the kernel permits it (else the
+# threads); direct_threads: O_DIRECT through the thread pool (io_uring off).
+READ_PATHS = ["buffered", "direct", "direct_threads"]
+
+
+@pytest.fixture()
+def direct(request, monkeypatch) -> bool:
+    if request.param == "direct_threads":
+        monkeypatch.setattr(loader, "IO_URING", False)
+    return request.param != "buffered"
+
+
+def _io_uring_permitted() -> bool:
+    ring = loader._open_ring(1)
+    if ring is None:
+        return False
+    ring.close()
+    return True
+
+
 @pytest.fixture()
 def small_chunks(monkeypatch):
     """Reads in many chunks, a prefetch window of a few calls and runs long enough for kernel
@@ -113,13 +133,13 @@ def test_loads_text_tensors_bit_exact_against_safe_open(checkpoint):
                     assert torch.equal(loaded[name], st.get_tensor(name)), name
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.parametrize("direct", READ_PATHS, indirect=True)
 def test_every_read_path_matches_safe_open_in_small_chunks(checkpoint, small_chunks, direct):
     ckpt_dir, _ = checkpoint
     _assert_equal_to_safe_open(ckpt_dir, dict(TextCheckpoint(ckpt_dir).load(direct=direct)))
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.parametrize("direct", READ_PATHS, indirect=True)
 def test_cold_load_reads_only_the_text_pages_from_storage(checkpoint, direct):
     """With the files out of the page cache, storage reads (/proc/self/io read_bytes, readahead
     included) stay within the text ranges rounded out to 4 KiB pages: readahead would run into
@@ -147,7 +167,7 @@ def test_long_run_read_by_kernel_readahead_stops_at_the_text(tmp_path):
     assert ckpt.text_bytes > 1.4 * loader.READAHEAD_TAIL_BYTES
     _drop_from_page_cache(tmp_path)
     before = _io("read_bytes")
-    loaded = dict(ckpt.load())
+    loaded = dict(ckpt.load(direct=False))
     read = _io("read_bytes") - before
     assert read <= ckpt.text_bytes + 2 * 4096 * len(loaded), (read, ckpt.text_bytes)
     _assert_equal_to_safe_open(tmp_path, loaded)
@@ -192,7 +212,7 @@ def test_headers_alone_are_read_to_index_the_checkpoint(checkpoint):
     assert _rchar() - before < (64 << 10)
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.parametrize("direct", READ_PATHS, indirect=True)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tensor_parallel_shards_reassemble_the_full_tensor(checkpoint, world_size, direct):
     ckpt_dir, text = checkpoint
@@ -262,15 +282,90 @@ def test_truncated_shard_is_refused_before_reading(checkpoint):
         TextCheckpoint(ckpt_dir)
 
 
-def test_file_truncated_after_indexing_fails_while_reading(checkpoint):
+@pytest.mark.parametrize("direct", READ_PATHS, indirect=True)
+def test_file_truncated_after_indexing_fails_while_reading(checkpoint, direct):
     ckpt_dir, _ = checkpoint
     ckpt = TextCheckpoint(ckpt_dir)
-    os.truncate(ckpt_dir / "model-00002-of-00002.safetensors", 1000)
-    with pytest.raises(CheckpointError, match="truncated while reading"):
-        list(ckpt.load())
+    entry = ckpt.text["model.llm.layers.0.mlp.experts.w13_weight"]
+    os.truncate(entry.file, entry.begin + (3 << 20) + 100)
+    with pytest.raises(CheckpointError, match=r"truncated while reading model\.llm\.layers\.0\.mlp\.experts\."
+                                              r"w13_weight: got 3145828 of 4194304 bytes"):
+        list(ckpt.load(direct=direct))
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_default_reads_cold_files_with_o_direct_through_io_uring(checkpoint, monkeypatch):
+    """The default: cold files go through io_uring (O_DIRECT, several requests in flight); files
+    mostly in the page cache already are read buffered (O_DIRECT would go to storage again)."""
+    if not _io_uring_permitted():
+        pytest.skip(f"io_uring not permitted here: {loader._RING_REFUSED}")
+    ckpt_dir, _ = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    requests = []
+    real_read = loader._Ring.read
+    monkeypatch.setattr(loader._Ring, "read", lambda ring, *args: requests.append(args[3]) or real_read(ring, *args))
+    monkeypatch.setattr(loader, "READ_CHUNK_BYTES", 64 << 10)       # many requests in flight at once
+    dict(ckpt.load())                                                # now in the page cache
+    assert requests == []
+    _drop_from_page_cache(ckpt_dir)
+    before = _io("read_bytes")
+    loaded = dict(ckpt.load())
+    read = _io("read_bytes") - before
+    assert len(requests) > loader.READ_THREADS
+    assert read <= ckpt.text_bytes + 2 * 4096 * len(loaded), (read, ckpt.text_bytes)
+    _assert_equal_to_safe_open(ckpt_dir, loaded)
+
+
+def test_default_tensor_parallel_ranks_in_place_read_buffered(checkpoint, monkeypatch):
+    ckpt_dir, text = checkpoint
+    ckpt = TextCheckpoint(ckpt_dir)
+    monkeypatch.setattr(loader, "CACHED_SHARE_BUFFERED", 1.0)        # cache or not, would read O_DIRECT
+    queues = []
+    real_queue = loader._DirectQueue
+    monkeypatch.setattr(loader, "_DirectQueue", lambda *args: queues.append(args) or real_queue(*args))
+    specs = [TensorSpec(name, None, shard_dim=dim) for name, dim in
+             {n: (0 if n.endswith("wq_du.weight") else None) for n in text}.items()]
+    per_rank = [dict(ckpt.load(specs, rank=r, world_size=2)) for r in range(2)]
+    assert queues == []
+    name = "model.llm.layers.0.attn.wq_du.weight"
+    assert torch.equal(torch.cat([p[name] for p in per_rank]), text[name])
+    if _io_uring_permitted():
+        dict(ckpt.load(specs, rank=0, world_size=2, direct=True))
+        assert queues
+
+
+@pytest.mark.parametrize("error", [38, 1], ids=["ENOSYS", "EPERM"])
+def test_io_uring_refused_falls_back(checkpoint, monkeypatch, error):
+    """A kernel or container (seccomp) that refuses io_uring_setup: the default reads buffered,
+    direct=True through threads; the refusal is remembered, not asked again."""
+    ckpt_dir, _ = checkpoint
+    calls = []
+
+    def refused(entries):
+        calls.append(entries)
+        raise OSError(error, os.strerror(error))
+    monkeypatch.setattr(loader, "_Ring", refused)
+    monkeypatch.setattr(loader, "_RING_REFUSED", None)
+    monkeypatch.setattr(loader, "CACHED_SHARE_BUFFERED", 1.0)        # cache or not, would read O_DIRECT
+    queues = []
+    real_queue = loader._DirectQueue
+    monkeypatch.setattr(loader, "_DirectQueue", lambda *args: queues.append(args) or real_queue(*args))
+    _assert_equal_to_safe_open(ckpt_dir, dict(TextCheckpoint(ckpt_dir).load()))
+    assert queues == [] and loader._RING_REFUSED
+    _assert_equal_to_safe_open(ckpt_dir, dict(TextCheckpoint(ckpt_dir).load(direct=True)))
+    assert queues and all(args[3] is None and args[4] is not None for args in queues)   # no ring, threads
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("direct", READ_PATHS, indirect=True)
+def test_load_stopped_early_leaves_no_read_in_flight(checkpoint, small_chunks, direct):
+    ckpt_dir, text = checkpoint
+    loads = TextCheckpoint(ckpt_dir).load(direct=direct)
+    name, first = next(loads)
+    loads.close()                    # waits out the requests in flight, then frees their memory
+    assert torch.equal(first, text[name])
+
+
+@pytest.mark.parametrize("direct", READ_PATHS, indirect=True)
 def test_truncated_file_fails_on_the_small_piece_slab_path(checkpoint, direct):
     """A slab taken from the whole tensor (pieces under MIN_STRIDED_PIECE_BYTES) checks the file
     size before mapping it: an error, not a SIGBUS."""
