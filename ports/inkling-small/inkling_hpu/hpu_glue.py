@@ -53,7 +53,8 @@ def observe_kv_cache_config(module: str, runner: str) -> None:
     @functools.wraps(original)
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs):
         result = original(self, kv_cache_config, *args, **kwargs)
-        if not kwargs.get("is_profiling", False):
+        # vLLM's runner takes is_profiling second, by position (the CPU runner passes it so) or by name
+        if not kwargs.get("is_profiling", args[0] if args else False):
             model = self.get_model()
             while model is not None and not hasattr(model, "kv_cache_config_ready"):
                 model = getattr(model, "model", None)     # HpuModelAdapter wraps the model class
