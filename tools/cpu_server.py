@@ -116,8 +116,8 @@ def tiny_model(venv: Path, port: Path, max_position: int = 4096) -> Path:
     key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position}".encode()).hexdigest()[:12]
     out = CACHE / f"tiny-inkling-{key}"
     if not (out / ".complete").exists():
-        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position)], check=True, capture_output=True, timeout=900,
-                       env={**os.environ, "PYTHONPATH": str(port)})
+        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position)],
+                       check=True, capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": str(port)})
         (out / ".complete").touch()
     return out
 

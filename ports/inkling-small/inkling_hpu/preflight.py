@@ -76,8 +76,12 @@ def check_plugin() -> tuple[str, str]:
     return "pass", f"inkling_hpu {dist.version}: " + ", ".join(f"{ep.name} = {ep.value}" for ep in plugins)
 
 
+def _not_importable(*modules: str) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
 def check_parsers() -> tuple[str, str]:
-    missing = [m for m in ("torch", "vllm") if importlib.util.find_spec(m) is None]
+    missing = _not_importable("torch", "vllm")
     if missing:   # vLLM's plugin loader needs torch (the docker tests' base has vLLM's files only)
         return "skip", f"{', '.join(missing)} not importable in this image: parsers not resolved"
     from vllm.plugins import load_general_plugins
@@ -103,7 +107,7 @@ def read_stamps(profile: str) -> dict:
 
 
 def run_cpu_tests() -> tuple[str, str]:
-    missing = [m for m in ("torch", "pytest", "vllm") if importlib.util.find_spec(m) is None]
+    missing = _not_importable("torch", "pytest", "vllm")
     tests = PORT / "tests" / "cpu"
     if missing:
         return "skip", f"{', '.join(missing)} not importable in this image: CPU tests not run"
