@@ -1,13 +1,23 @@
-"""All-or-nothing writes to one or more source trees: a lock per tree, and a journal of the
-original bytes from which an interrupted run (even SIGKILL, even power loss) is undone by the next.
+"""All-or-nothing writes to one or more packages: a lock per package, and a journal of the
+original bytes from which an interrupted run (even SIGKILL, even power loss) is undone or finished
+by the next.
 
-Layout: each tree a run changes gets its own journal, `<root>/.cookbook-fixes-journal/` (backups +
-manifest.json), holding paths relative to that root only: a journal restores into the tree it is
-found in, wherever that tree has been moved or copied since. The journals of one run share a run
-id, so recovering one also recovers the run's other trees where they still are. A journal only takes
-its final name once complete (atomic rename, then fsync of the folder), and every journal of a run
-is in place before the first file is written: a tree holds either its old files, or a journal that
-lists every file the run may change in it.
+A "tree" here is a package's real directory (`vllm/` or `vllm_gaudi/` with every symbolic link
+resolved), so every path that reaches the same files takes the same lock and finds the same journal.
+Each tree a run changes gets its own journal, `<package>/.cookbook-fixes-journal/` (backups +
+manifest.json), holding paths relative to that package only: a journal restores into the tree it is
+found in, wherever that tree has been moved or copied since.
+
+The protocol, for a run over one or more trees:
+1. Every tree's journal is written under a staging name and renamed into place (then the folder is
+   fsynced) before the first file is written: a tree holds its old files, or a journal.
+2. The files are written (each to a temporary name, fsynced, renamed) and their folders fsynced.
+3. Commit point: every journal of the run gets a `committed` marker (fsynced), before any is discarded.
+4. The journals are discarded.
+Recovery of a journal: if it, or a journal of the same run in one of the run's other trees, carries
+the marker, every file of the run was written: the run is finished (the other trees' journals are
+discarded, or marked where another process holds that tree, then its own). Otherwise it is undone:
+its tree restored, and the run's other trees where they still are and no other process holds them.
 """
 from __future__ import annotations
 
@@ -24,14 +34,20 @@ from pathlib import Path, PurePosixPath
 from .errors import FixRefused
 
 JOURNAL = ".cookbook-fixes-journal"
+COMMITTED = "committed"
 # Names a run gives its journal while writing it and while discarding it: always ours to remove.
 _STAGING, _DONE = JOURNAL + ".tmp-", JOURNAL + ".done-"
 # Fault injection for the crash tests only: SIGKILL this process after N file writes.
 FAULT_ENV = "COOKBOOK_TEST_KILL_AFTER_WRITES"
 
 
+def real_tree(package_dir) -> Path:
+    """The directory that locks and journals the package: its real path."""
+    return Path(os.path.realpath(package_dir))
+
+
 def _unique_roots(roots) -> list[Path]:
-    return sorted({Path(os.path.realpath(r)) for r in roots})
+    return sorted({real_tree(r) for r in roots})
 
 
 def _try_lock(root: Path, stack: ExitStack, wait: bool) -> bool:
@@ -158,6 +174,18 @@ def _discard(journal: Path) -> None:
     shutil.rmtree(doomed)
 
 
+def _mark_committed(journal: Path) -> None:
+    with open(journal / COMMITTED, "w") as fh:
+        fh.write("every file of this run was written\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(journal)
+
+
+def _is_committed(journal: Path) -> bool:
+    return (journal / COMMITTED).is_file()
+
+
 def _pending_journal(root: Path) -> Path | None:
     """The root's journal when there is one; refuses anything there that a run does not leave."""
     journal = root / JOURNAL
@@ -167,30 +195,53 @@ def _pending_journal(root: Path) -> Path | None:
     return journal if journal.is_dir() else None
 
 
-def recover(roots) -> list[str]:
-    """Undo an interrupted run found in these trees (and in the other trees of that run, where
-    they still are and no other run holds them); returns the files restored."""
+def _run_journals(manifest: dict, skip: list[Path]):
+    """(tree, journal, manifest) of the same run's journals in its other trees, where they still are."""
+    for other in map(Path, manifest.get("other_roots", [])):
+        if other in skip or not other.is_dir():
+            continue
+        try:
+            theirs = _pending_journal(other)
+            their_manifest = _read_manifest(theirs) if theirs else {}
+        except FixRefused:
+            continue  # not this run's to judge: a run on that tree refuses it there
+        if theirs and their_manifest.get("run") == manifest.get("run"):
+            yield other, theirs, their_manifest
+
+
+def recover(roots, legacy_roots=()) -> tuple[list[str], list[str]]:
+    """Undo, or finish, an interrupted run found in these trees (and in the other trees of that run,
+    where they still are and no other run holds them). `legacy_roots`: folders that may hold a
+    journal of the earlier layout (at the folder holding the package, paths relative to it), undone
+    the same way. Returns (files restored, trees whose committed run was finished)."""
     restored: list[str] = []
+    finished: list[str] = []
     roots = _unique_roots(roots)
-    for root in roots:
+    for root in [*roots, *_unique_roots(legacy_roots)]:
         for leftover in [*root.glob(_STAGING + "*"), *root.glob(_DONE + "*")]:
             shutil.rmtree(leftover, ignore_errors=True)  # a journal never completed, or discarded
         journal = _pending_journal(root)
         if journal is None:
             continue
         manifest = _read_manifest(journal)
+        others = list(_run_journals(manifest, roots))
+        if _is_committed(journal) or any(_is_committed(j) for _t, j, _m in others):
+            for other, theirs, _m in others:
+                with ExitStack() as stack:
+                    if _try_lock(other, stack, wait=False):
+                        _discard(theirs)
+                    else:  # its holder recovers it, and must see the run committed
+                        _mark_committed(theirs)
+                    finished.append(str(other))
+            _discard(journal)
+            finished.append(str(root))
+            continue
         restored += _restore(root, journal, manifest)
-        for other in map(Path, manifest.get("other_roots", [])):
-            if other in roots or not other.is_dir():
-                continue
+        for other, theirs, their_manifest in others:
             with ExitStack() as stack:
-                if not _try_lock(other, stack, wait=False):
-                    continue  # a run holds it, and recovers it first
-                theirs = _pending_journal(other)
-                their_manifest = _read_manifest(theirs) if theirs else {}
-                if theirs and their_manifest.get("run") == manifest.get("run"):
+                if _try_lock(other, stack, wait=False):  # else a run holds it, and recovers it first
                     restored += _restore(other, theirs, their_manifest)
-    return restored
+    return restored, finished
 
 
 def check_writable(changes) -> None:
@@ -245,9 +296,12 @@ def _write_journal(root: Path, rels: list[str], run: str, other_roots: list[Path
 
 
 def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
-    """Write `changes` (absolute path -> (new bytes, mode), None to delete) all or nothing."""
+    """Write `changes` (absolute path -> (new bytes, mode), None to delete) all or nothing, into
+    `roots` (the packages' directories, by any path)."""
     roots = _unique_roots(roots)
     check_writable(changes)
+    # Each file by its real folder, so it falls in its package's real directory however reached.
+    changes = {real_tree(path.parent) / path.name: new for path, new in changes.items()}
     per_root: dict[Path, list[str]] = {}
     for path in sorted(changes):
         root, rel = _root_of(path, roots)
@@ -261,7 +315,15 @@ def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
     journals = {root: root / JOURNAL for root in journals}
 
     kill_after = int(os.environ.get(FAULT_ENV, "0") or 0)
-    written, folders = 0, set()
+    steps = 0
+
+    def step_done():  # a file written, a journal marked or discarded: where the crash tests kill
+        nonlocal steps
+        steps += 1
+        if kill_after and steps >= kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    folders = set()
     try:
         for root, rels in per_root.items():
             for rel in rels:
@@ -274,9 +336,7 @@ def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
                     owner = os.stat(path) if path.exists() else None
                     _write_bytes(path, *new, (owner.st_uid, owner.st_gid) if owner else None)
                 folders.add(path.parent if path.parent.exists() else root)
-                written += 1
-                if kill_after and written >= kill_after:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                step_done()
         for folder in folders:  # the renames reach the disk before the journal goes
             _fsync_dir(folder)
     except BaseException as exc:
@@ -287,6 +347,10 @@ def commit(roots, changes: dict[Path, tuple[bytes, int] | None]) -> None:
             raise FixRefused(f"writing{where} failed: {os.strerror(exc.errno) if exc.errno else exc}; "
                              "every file was restored, nothing changed") from None
         raise
+    for journal in journals.values():  # the commit point: from the first marker on, recovery finishes
+        _mark_committed(journal)
+        step_done()
     for journal in journals.values():
         _discard(journal)
+        step_done()
 

@@ -30,6 +30,8 @@ def to_text(report: RunReport) -> str:
     lines = [f"profile {report.profile}: {report.mode} ({', '.join(report.scope)})"]
     for path in report.recovered:
         lines.append(f"  recovered an interrupted run: restored {path}")
+    for tree in report.finished:
+        lines.append(f"  finished an interrupted run that had written every file: kept {tree} as it wrote it")
     for t in report.targets.values():
         verdict = "matches pin" if t.matches else "DOES NOT match pin"
         lines.append(f"  {t.name:<11} {t.commit or 'unknown':<12.12} {verdict} {t.pin[:12]} ({t.ref}); "

@@ -88,7 +88,8 @@ class RunReport:
     scope: list[str]
     targets: dict[str, TargetResult] = field(default_factory=dict)
     fixes: list[FixResult] = field(default_factory=list)
-    recovered: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)  # files an interrupted run's journal restored
+    finished: list[str] = field(default_factory=list)  # trees of an interrupted run that had committed
     stamps: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     exit_code: int = EXIT_OK

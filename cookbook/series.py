@@ -171,6 +171,12 @@ def _stamp_changes(profile: Profile, report: RunReport, roots: dict[str, Path],
     return changes
 
 
+def _package_dirs(profile: Profile, roots: dict[str, Path]) -> list[Path]:
+    """The packages' directories that exist: what a run locks and journals (by their real path)."""
+    dirs = [Path(root) / profile.targets[target].package for target, root in roots.items()]
+    return [d for d in dirs if d.is_dir()]
+
+
 def run(profile: Profile, roots: dict[str, Path], opt_ins: list[str], mode: Mode = Mode.APPLY,
         strict: bool = False, check_pin: bool = True) -> RunReport:
     """Work the profile's series (its plan for `opt_ins` and what the stamps record) out against
@@ -179,10 +185,11 @@ def run(profile: Profile, roots: dict[str, Path], opt_ins: list[str], mode: Mode
     reason. Usage and profile errors raise."""
     mode = Mode(mode)
     report = RunReport(profile=profile.name, mode=mode, scope=sorted(roots))
-    # Every run, even a dry one, first undoes a run that was interrupted on these trees.
-    with journal.locked(roots.values()):
+    packages = _package_dirs(profile, roots)
+    # Every run, even a dry one, first undoes (or finishes) a run that was interrupted on these trees.
+    with journal.locked(packages):
         try:
-            report.recovered = journal.recover(roots.values())
+            report.recovered, report.finished = journal.recover(packages, legacy_roots=roots.values())
             stamped = recorded_opt_ins(profile, roots) if mode != Mode.VERIFY else []
             passes = profile.plan(opt_ins, stamped, mode)
         except (FixRefused, BaseMismatch) as exc:
@@ -293,7 +300,7 @@ def _run_locked(profile: Profile, roots: dict[str, Path], fixes: list[Fix], mode
             changes.update(_stamp_changes(profile, report, roots, revert=(mode == Mode.REVERT)))
         journal.check_writable(changes)
         if mode.writes and changes:
-            journal.commit(roots.values(), changes)
+            journal.commit(_package_dirs(profile, roots), changes)
             report.written = sorted(str(p) for p in changes)
             report.stamps = [str(p) for p in changes if p.name == stamp.NAME and changes[p] is not None]
     except FixRefused:

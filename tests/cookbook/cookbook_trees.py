@@ -38,7 +38,8 @@ BASE = "ced6857afa0ea7b2e3f0846a62e1394e90f15607"
 ENVS = "vllm/envs.py"  # mode 0755 in the sdist, like in vLLM's repository
 
 
-JOURNAL = ".cookbook-fixes-journal"
+# The journal a run keeps in the package it changes (relative to a vLLM tree).
+JOURNAL = "vllm/.cookbook-fixes-journal"
 
 
 STAMP = "vllm/cookbook-fixes.json"
@@ -76,10 +77,13 @@ def make_tree(src: Path, dest: Path) -> Path:
     return dest
 
 
-def tree_hash(root: Path) -> str:
+def tree_hash(root: Path, skip: str | None = None) -> str:
+    """The tree's names, modes and bytes; `skip`: a folder name left out wherever it is."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
+        if skip in rel.parts:
+            continue
         digest.update(str(rel).encode())
         if path.is_file():
             digest.update(oct(path.stat().st_mode).encode() + path.read_bytes())

@@ -23,11 +23,11 @@ def test_sigkill_mid_write_is_recovered_by_next_run(tree):
     env = dict(os.environ, COOKBOOK_TEST_KILL_AFTER_WRITES="2")
     done = apply(tree, "sampler-marker", env=env)
     assert done.returncode == -signal.SIGKILL
-    assert (tree / ".cookbook-fixes-journal" / "manifest.json").exists()
+    assert (tree / JOURNAL / "manifest.json").exists()
     assert tree_hash(tree) != before  # half written: exactly what the journal is for
     check = apply(tree, "--check", check_rc=0).stdout
     assert "recovered an interrupted run" in check and "would patch" in check
-    assert not (tree / ".cookbook-fixes-journal").exists()
+    assert not (tree / JOURNAL).exists()
     assert tree_hash(tree) == before
     apply(tree, "sampler-marker", check_rc=0)
 
@@ -63,7 +63,7 @@ def test_sigkill_after_every_write_recovers_the_old_tree(tree):
         recovery = run(PROFILE, tree, mode="check")
         assert recovery.ok and len(recovery.recovered) == 4
         assert tree_hash(tree) == before, f"after a kill at write {writes}"
-        assert not list(tree.glob(".cookbook-fixes-journal*"))
+        assert not list((tree / "vllm").glob(".cookbook-fixes-journal*"))
 
 
 def test_kill_inside_a_new_file_write_leaves_no_temp_file(tree):
@@ -83,7 +83,7 @@ def test_kill_inside_a_new_file_write_leaves_no_temp_file(tree):
 def test_half_written_journal_is_discarded(tree):
     """A crash while journalling leaves only the staging directory (no manifest, nothing changed)."""
     before = tree_hash(tree)
-    staging = tree / ".cookbook-fixes-journal.tmp-4242"
+    staging = tree / "vllm/.cookbook-fixes-journal.tmp-4242"
     staging.mkdir()
     (staging / "0").write_bytes((tree / ENVS).read_bytes()[:100])
     report = run(PROFILE, tree, mode="check")
@@ -105,7 +105,7 @@ def test_concurrent_apply_and_revert_end_in_a_whole_state(tree, tmp_path):
             proc.communicate(timeout=120)
         assert [p.returncode for p in procs] == [0, 0], first_state
         assert tree_hash(tree) in (pristine, patched)
-        assert not list(tree.glob(".cookbook-fixes-journal*"))
+        assert not list((tree / "vllm").glob(".cookbook-fixes-journal*"))
 
 
 def test_root_given_as_a_symlink(tree, tmp_path):
@@ -174,8 +174,8 @@ def test_journal_naming_a_path_outside_its_tree_is_refused(tree, tmp_path):
     (tree / JOURNAL).mkdir()
     (tree / JOURNAL / "0").write_text("planted\n")
     (tree / JOURNAL / "manifest.json").write_text(json.dumps(
-        {"run": "x", "files": [{"path": "../victim.txt", "backup": "0", "mode": 0o644}]}))
-    one_line_refusal(apply(tree), 1, "../victim.txt", "not a path inside")
+        {"run": "x", "files": [{"path": "../../victim.txt", "backup": "0", "mode": 0o644}]}))
+    one_line_refusal(apply(tree), 1, "../../victim.txt", "not a path inside")
     assert victim.read_text() == "keep me\n" and (tree / JOURNAL).is_dir()
 
 
@@ -240,7 +240,7 @@ def test_journal_and_written_files_reach_the_disk(tree, monkeypatch):
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
     api.run(api.load_profile(str(PROFILE)), {"vllm": tree, "vllm-gaudi": None}, [], only_targets=["vllm"])
     named = events.index(("rename", str(tree / JOURNAL)))
-    assert events[named + 1] == ("fsync", str(tree))
+    assert events[named + 1] == ("fsync", str(tree / "vllm"))
     first_write = next(i for i, e in enumerate(events) if e[0] == "replace")
     assert named < first_write
     for i, (kind, path) in enumerate(events):
@@ -250,3 +250,55 @@ def test_journal_and_written_files_reach_the_disk(tree, monkeypatch):
     discarded = next(i for i, e in enumerate(events) if e[0] == "rename" and ".done-" in e[1])
     synced = {path for kind, path in events[last_write:discarded] if kind == "fsync"}
     assert {str(tree / "vllm"), str(tree / "vllm/v1/core/sched")} <= synced  # the folders written to
+
+
+def _second_path(tree: Path, tmp_path: Path) -> Path:
+    """Another root whose vllm/ is a symbolic link to the tree's: one package, two paths."""
+    other = tmp_path / "other-root"
+    other.mkdir()
+    (other / "vllm").symlink_to(tree / "vllm")
+    return other
+
+
+def test_concurrent_runs_through_two_paths_to_one_package_end_whole(vllm_src, tree, tmp_path):
+    """Apply, revert and check, through both paths at once, several rounds: one lock and one journal
+    for the package, so it always ends fully applied or pristine and every run exits 0."""
+    import random
+    other = _second_path(tree, tmp_path)
+    pristine, patched = tree_hash(tree), patched_reference(vllm_src, tmp_path)
+    rng = random.Random(24)
+    for round_ in range(12):
+        runs = [(rng.choice([tree, other]), rng.choice([[], ["--revert"], ["--check"]])) for _ in range(7)]
+        procs = [subprocess.Popen([sys.executable, str(APPLY_ALL), "--profile", str(PROFILE), "--vllm-root",
+                                   str(root), "--target", "vllm", *mode], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for root, mode in runs]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 7, (round_, runs, outs)
+        assert tree_hash(tree) in (pristine, patched), (round_, runs)
+        assert not list((tree / "vllm").glob(".cookbook-fixes-journal*"))
+        assert not list(tmp_path.glob("*/.cookbook-fixes-journal*"))
+
+
+def test_run_killed_through_one_path_is_recovered_through_the_other(tree, tmp_path):
+    other = _second_path(tree, tmp_path)
+    before = tree_hash(tree)
+    for killed_via, recovered_via in ((other, tree), (tree, other)):
+        killed_apply(killed_via, 2)  # the journal is in the package, whichever path wrote it
+        check = apply(recovered_via, "--check", check_rc=0)
+        assert "recovered an interrupted run" in check.stdout
+        assert tree_hash(tree) == before and not (tree / JOURNAL).exists()
+
+
+def test_journal_of_the_earlier_layout_is_restored(tree):
+    """Journals used to live beside the package (<root>/.cookbook-fixes-journal, paths relative to
+    the root): a run left by an earlier version of the fix pack is still undone."""
+    before = tree_hash(tree)
+    killed_apply(tree, 2)
+    legacy = tree / ".cookbook-fixes-journal"
+    shutil.move(tree / JOURNAL, legacy)
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        entry["path"] = "vllm/" + entry["path"]
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
+    assert "recovered an interrupted run" in apply(tree, "--check", check_rc=0).stdout
+    assert tree_hash(tree) == before and not legacy.exists()
