@@ -118,6 +118,39 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
     return checkpoint
 
 
+def use_gaudi_moe_op(model: InklingForCausalLM) -> int:
+    """Hand each MoE layer's routed experts to vllm-gaudi's fused MoE op (`VllmMixtureOfExpertsOp`,
+    torch.ops.hpu.mixture_of_experts): per-expert views of the loaded weights (no copy; [gate | up] x
+    hidden and hidden x width, the op's permuted layout), the router's top-k ids and weights as its
+    routing table, all experts of this rank (experts_min 0, experts_max E-1; tensor parallel splits
+    each expert's width). Static shapes, no host sync. Returns the layers handed over; 0 where
+    vllm-gaudi is not installed (vLLM's CPU worker: the model's own routed dispatch)."""
+    try:
+        import vllm_gaudi  # noqa: F401
+    except ModuleNotFoundError:
+        return 0
+    from vllm_gaudi.extension.ops import VllmMixtureOfExpertsOp
+
+    layers = 0
+    for layer in model.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is None:
+            continue
+        count = experts.num_experts
+        op = VllmMixtureOfExpertsOp(count, count, experts_min=0, experts_max=count - 1)
+        for expert in range(count):
+            op.w13_list[expert].set_weight(experts.gate_up_proj.data[expert])
+            op.w2_list[expert].set_weight(experts.down_proj.data[expert])
+        experts.use_moe_op(functools.partial(_gaudi_moe, op))
+        layers += 1
+    return layers
+
+
+def _gaudi_moe(op, hidden_states: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    return op(hidden_states, topk_indices, topk_weights.to(hidden_states.dtype), permuted_weights=True,
+              activation="silu")
+
+
 # --- step metadata on the device --------------------------------------------------------------------
 # vllm-gaudi runs prefills and decodes as separate forward calls: prefill [bs, L] with each row's context
 # blocks (block_list [bs * context bucket]) and context length; decode [bs, 1] with a flat block_list
@@ -328,6 +361,9 @@ class HpuInklingForCausalLM(nn.Module):
         checkpoint = load_text_checkpoint(self.inkling, self._checkpoint_dir())
         logger.info("Inkling: loaded %.1f GB of text tensors from %s; %d vision/audio/MTP tensors left unread",
                     checkpoint.text_bytes / 1e9, checkpoint.dir, len(checkpoint.skipped))
+        fused = use_gaudi_moe_op(self.inkling)
+        logger.info("Inkling MoE: %s", f"{fused} layers' routed experts through vllm-gaudi's fused MoE op" if fused
+                    else "routed experts by sorted dispatch (each token through its top-k experts only)")
         return {name for name, _ in self.named_parameters()}
 
     def _checkpoint_dir(self) -> str:

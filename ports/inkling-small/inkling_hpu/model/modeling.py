@@ -1,8 +1,9 @@
 """Inkling text backbone in plain PyTorch, shaped for HPU graphs (no Triton, no CUDA).
 
 Names mirror transformers 5.24.0's `models/inkling/modeling_inkling.py` where the math is the same;
-the differences are the fused `qkvr_proj`, interleaved SwiGLU weights (as in the checkpoint), and a
-forward over flattened tokens with paged KV and per-request conv state (see metadata.py and
+the differences are the fused `qkvr_proj`, SwiGLU weights as rows [gate | up] (the checkpoint's
+interleaved w13, split once at load), routed experts computed only for the tokens routed to them,
+and a forward over flattened tokens with paged KV and per-request conv state (see metadata.py and
 docs/caches.md). Gathers use index_select; every shape follows from the step's padding.
 """
 from __future__ import annotations
@@ -323,9 +324,10 @@ class InklingFullAttention(InklingAttention):
 # --------------------------------------------------------------------------------------------------
 # MLP and MoE
 # --------------------------------------------------------------------------------------------------
-def interleaved_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(g) * u over interleaved rows g0, u0, g1, u1, ... (the checkpoint's w13 layout)."""
-    return F.silu(gate_up[..., 0::2]) * gate_up[..., 1::2]
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up over the rows [gate | up] (the checkpoint's interleaved w13, split at load)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class InklingMLP(nn.Module):
@@ -335,12 +337,12 @@ class InklingMLP(nn.Module):
         super().__init__()
         self.tp = tp
         width = tp.split(config.dense_intermediate_size, "dense_intermediate_size")
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * width, bias=False)    # interleaved rows
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * width, bias=False)    # rows [gate | up]
         self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
         self.global_scale = nn.Parameter(torch.ones(1))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(interleaved_swiglu(self.gate_up_proj(hidden_states)))
+        out = self.down_proj(swiglu(self.gate_up_proj(hidden_states)))
         return self.tp.all_reduce(out) * self.global_scale
 
 
@@ -371,15 +373,51 @@ class InklingTopkRouter(nn.Module):
         return weights[:, : self.top_k], topk_indices, weights[:, self.top_k:]
 
 
+def routed_experts(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                   topk_indices: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """sum over k of topk_weights[t, k] * expert_{topk_indices[t, k]}(x_t), computing each expert only on
+    the tokens routed to it: the (token, k) pairs sorted by expert, one pass per expert that has any.
+
+    Each token's contributions are added in expert order, as the all-experts loop adds them, so the
+    result is that loop's up to the matmuls' own rounding. The per-expert counts are read on the host
+    (one sync): this is the CPU path; on HPU the glue hands the experts to vllm-gaudi's fused op."""
+    num_tokens, top_k = topk_indices.shape
+    flat = topk_indices.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    token_of = order // top_k
+    weight_of = topk_weights.reshape(-1).index_select(0, order).to(hidden_states.dtype)
+    out = torch.zeros_like(hidden_states)
+    start = 0
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        rows = token_of[start:start + count]
+        activated = swiglu(F.linear(hidden_states.index_select(0, rows), gate_up[expert]))
+        out.index_add_(0, rows, F.linear(activated, down[expert]) * weight_of[start:start + count, None])
+        start += count
+    return out
+
+
+def all_experts_reference(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                          topk_indices: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """Every expert on every token, times a dense [tokens, experts] combine matrix (0 where a token did
+    not route). Never served: the reference the tests and benchmarks/moe.py hold the routed paths to."""
+    combine = hidden_states.new_zeros(hidden_states.shape[0], gate_up.shape[0])
+    combine.scatter_add_(1, topk_indices, topk_weights.to(combine.dtype))
+    out = torch.zeros_like(hidden_states)
+    for expert in range(gate_up.shape[0]):
+        activated = swiglu(F.linear(hidden_states, gate_up[expert]))
+        out = out + F.linear(activated, down[expert]) * combine[:, expert:expert + 1]
+    return out
+
+
 class InklingExperts(nn.Module):
-    """Routed SwiGLU experts, TP-sharded on the intermediate dim.
+    """Routed SwiGLU experts, TP-sharded on the intermediate dim; each token computes only its top-k.
 
-    The plain path loops over every expert with a dense [tokens, experts] combine matrix: static
-    shapes, no data-dependent control flow. `fused_moe` lets the HPU glue substitute a fused op with
-    signature (hidden, w13_interleaved, w2, topk_indices, topk_weights) -> output.
-    """
-
-    fused_moe: Callable | None = None
+    `moe_op`, when a platform sets it (`use_moe_op`), computes the routed experts instead of
+    `routed_experts`: the HPU glue hands them to vllm-gaudi's fused MoE op, on views of these weights
+    (gate_up_proj[e] is [gate | up] x hidden, down_proj[e] hidden x width, as the op takes them)."""
 
     def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
         super().__init__()
@@ -387,18 +425,17 @@ class InklingExperts(nn.Module):
         self.num_experts = config.n_routed_experts
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * width, config.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, width))
+        self.moe_op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def use_moe_op(self, op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None) -> None:
+        """op(hidden_states, topk_indices, topk_weights) -> the routed experts' weighted sum."""
+        self.moe_op = op
 
     def forward(self, hidden_states: torch.Tensor, topk_indices: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
-        if self.fused_moe is not None:
-            return self.fused_moe(hidden_states, self.gate_up_proj, self.down_proj, topk_indices, topk_weights)
-        combine = hidden_states.new_zeros(hidden_states.shape[0], self.num_experts)
-        combine.scatter_(1, topk_indices, topk_weights.to(combine.dtype))
-        out = torch.zeros_like(hidden_states)
-        for expert in range(self.num_experts):
-            activated = interleaved_swiglu(F.linear(hidden_states, self.gate_up_proj[expert]))
-            out = out + F.linear(activated, self.down_proj[expert]) * combine[:, expert:expert + 1]
-        return out
+        if self.moe_op is not None:
+            return self.moe_op(hidden_states, topk_indices, topk_weights)
+        return routed_experts(hidden_states, self.gate_up_proj, self.down_proj, topk_indices, topk_weights)
 
 
 class InklingSharedExperts(nn.Module):
@@ -414,7 +451,7 @@ class InklingSharedExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
         outs = []
         for expert in range(self.n_shared_experts):
-            activated = interleaved_swiglu(F.linear(hidden_states, self.gate_up_proj[expert]))
+            activated = swiglu(F.linear(hidden_states, self.gate_up_proj[expert]))
             outs.append(F.linear(activated * gammas[:, expert:expert + 1], self.down_proj[expert]))
         return torch.stack(outs).float().sum(dim=0).to(hidden_states.dtype)
 

@@ -4,8 +4,9 @@
 layer index. A rule's `dim` is the dimension split across TP ranks (contiguous equal slabs, rank r
 takes slab r); the loader (inkling_hpu.loader, TensorSpec.shard_dim) reads only this rank's slab,
 and `load_tensor` copies that piece into the port parameter (at the rule's row offset for the fused
-q/k/v/r projection). Layouts are kept as in the checkpoint: w13 rows stay interleaved
-(g0, u0, g1, u1, ...), so a contiguous slab holds whole (g, u) pairs.
+q/k/v/r projection). The checkpoint's w13 rows are interleaved (g0, u0, g1, u1, ...), so a contiguous
+slab holds whole (g, u) pairs; `load_tensor` splits the rank's piece once into rows [gate | up]
+(the layout of vLLM's w13 and of vllm-gaudi's fused MoE op), never per step.
 
 Tensors outside the text backbone (`model.visual.*`, `model.audio.*`, `model.mtp.*`) have no rule:
 `is_text_weight` says so without looking at their bytes.
@@ -32,6 +33,7 @@ class WeightRule:
     fused_shard: str | None = None   # q/k/v/r: which slice of the fused qkvr_proj rows this fills
     optional: bool = False     # absent from some checkpoints; the port then keeps its default (1.0)
     fp32: bool = False         # stored in fp32 in the port whatever the model dtype
+    gate_up_dim: int | None = None   # w13: the dim whose interleaved (gate, up) rows load as [gate | up]
 
     def names(self, layer: int | None) -> tuple[str, str]:
         if layer is None:
@@ -62,7 +64,7 @@ CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
     WeightRule(_L + "attn_sconv.weight", _P + "attn_sconv.weight", "replicated", None, fp32=True),
     WeightRule(_L + "mlp_sconv.weight", _P + "mlp_sconv.weight", "replicated", None, fp32=True),
     # dense MLP (layers below dense_mlp_idx)
-    WeightRule(_L + "mlp.w13_dn.weight", _P + "mlp.gate_up_proj.weight", "column", 0, "dense"),
+    WeightRule(_L + "mlp.w13_dn.weight", _P + "mlp.gate_up_proj.weight", "column", 0, "dense", gate_up_dim=0),
     WeightRule(_L + "mlp.w2_md.weight", _P + "mlp.down_proj.weight", "row", 1, "dense"),
     WeightRule(_L + "mlp.global_scale", _P + "mlp.global_scale", "replicated", None, "dense", optional=True),
     # MoE
@@ -71,10 +73,10 @@ CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
                fp32=True),
     WeightRule(_L + "mlp.gate.global_scale", _P + "mlp.gate.global_scale", "replicated", None, "moe",
                optional=True, fp32=True),
-    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.gate_up_proj", "column", 1, "moe"),
+    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.gate_up_proj", "column", 1, "moe", gate_up_dim=1),
     WeightRule(_L + "mlp.experts.w2_weight", _P + "mlp.experts.down_proj", "row", 2, "moe"),
     WeightRule(_L + "mlp.shared_experts.shared_w13_weight", _P + "mlp.shared_experts.gate_up_proj", "column", 1,
-               "moe"),
+               "moe", gate_up_dim=1),
     WeightRule(_L + "mlp.shared_experts.shared_w2_weight", _P + "mlp.shared_experts.down_proj", "row", 2, "moe"),
 )
 
@@ -145,6 +147,12 @@ def _fused_offset(module, shard: str) -> tuple[int, int]:
     raise AssertionError(shard)
 
 
+def split_gate_up(interleaved: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows g0, u0, g1, u1, ... along `dim` -> [g0, g1, ... | u0, u1, ...]."""
+    pairs = interleaved.unflatten(dim, (-1, 2))
+    return torch.cat([pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)], dim=dim)
+
+
 def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tensor) -> str:
     """Copy one checkpoint tensor into the port model; returns the port name. `tensor` is this rank's
     piece as the loader read it (the whole tensor when replicated or at TP 1), not split here."""
@@ -160,6 +168,8 @@ def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tens
         where = f" on TP rank {tp.rank}/{tp.size}" if tp is not None and tp.size > 1 else ""
         raise WeightError(f"{checkpoint_name}: expected shape {tuple(target.shape)}{where}; "
                           f"found {tuple(tensor.shape)}")
+    if rule.gate_up_dim is not None:
+        tensor = split_gate_up(tensor, rule.gate_up_dim)
     with torch.no_grad():
         target.copy_(tensor.to(target.dtype))
     return port_name

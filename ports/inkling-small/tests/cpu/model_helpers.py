@@ -9,6 +9,7 @@ import torch
 
 from inkling_hpu import parity
 from inkling_hpu.model.knobs import Knobs
+from inkling_hpu.model.modeling import InklingExperts, all_experts_reference
 
 PORT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +44,16 @@ def checkpoint(name: str, seed: int = 0, dtype_name: str = "float32") -> dict[st
 def port_model(name: str, knobs: Knobs = ALL_KNOBS_OFF, seed: int = 0, dtype_name: str = "float32"):
     dtype = getattr(torch, dtype_name)
     return parity.build_port(load_config(name), checkpoint(name, seed, dtype_name), dtype, knobs)
+
+
+def as_on_hpu(model):
+    """For a graph trace: on HPU each MoE layer's routed experts are one fused op (vllm-gaudi's,
+    hpu_glue.use_gaudi_moe_op) with no data-dependent shapes; the all-experts reference stands in for it
+    (the CPU path's sorted dispatch reads its per-expert counts on the host, a graph break)."""
+    for module in model.modules():
+        if isinstance(module, InklingExperts):
+            module.use_moe_op(lambda x, ids, w, m=module: all_experts_reference(x, m.gate_up_proj, m.down_proj, ids, w))
+    return model
 
 
 def workload(name: str, seed: int = 0) -> parity.Workload:

@@ -105,7 +105,7 @@ def _reference_step(model, caches, chunks):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("knobs", [helpers.ALL_KNOBS_OFF, helpers.ALL_KNOBS_ON], ids=["knobs-off", "knobs-on"])
 def test_device_metadata_matches_the_cpu_builder_and_traces_as_one_graph(knobs):
-    model = helpers.port_model(CONFIG, knobs)
+    model = helpers.as_on_hpu(helpers.port_model(CONFIG, knobs))
     caches = model.allocate_caches(PAD + 1, BLOCK)
     reference = model.allocate_caches(PAD + 1, BLOCK)
     with torch.no_grad():

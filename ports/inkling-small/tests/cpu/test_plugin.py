@@ -291,7 +291,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     from gaudi_harness import builders
     from gaudi_harness import drivers as d
     from inkling_hpu import parity
-    from inkling_hpu.hpu_glue import HpuInklingForCausalLM, load_text_checkpoint
+    from inkling_hpu.hpu_glue import HpuInklingForCausalLM
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / "tiny-gqa2-mix.json").read_text())
     model_dir = Path(tempfile.mkdtemp(prefix="inkling_e2e_"))
@@ -314,7 +314,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
         vllm_config.model_config.dtype = torch.float32
     with set_current_vllm_config(vllm_config):
         glue = HpuInklingForCausalLM(vllm_config=vllm_config)
-        load_text_checkpoint(glue.inkling, model_dir)
+        glue.load_weights(iter(()))          # as vLLM's loader calls it: text tensors, then the MoE op
         for holder, layer in zip(glue.kv_holders, glue.inkling.model.layers):
             attn = layer.self_attn
             shape = (65 * runner.block_size, attn.num_key_value_heads, attn.head_dim)
@@ -323,6 +323,9 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
         runner.model = HpuModelAdapter(glue, vllm_config)
     runner.kv_caches = []
     prompt = [(7 * i + 3) % raw["unpadded_vocab_size"] for i in range(20)]
+    from habana_frameworks.torch import stand_in_ops
+
+    moe_calls = stand_in_ops.CALLS["mixture_of_experts"]
     steps = d.StepDriver(runner)
     steps.add("A", prompt, d.greedy_params())
     steps.step({"A": 7})
@@ -330,6 +333,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     for _ in range(5):
         steps.step({"A": 1})
     sampled = steps.reqs["A"].outputs
+    moe_calls = stand_in_ops.CALLS["mixture_of_experts"] - moe_calls
 
     # The same schedule straight through the model (no runner, no glue), in the dtype vLLM chose
     # (the HPU platform serves bf16): the runner path must give exactly these tokens.
@@ -352,7 +356,9 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
             logits = reference(torch.tensor([ref_ids])).logits[0, -1, : raw["unpadded_vocab_size"]]
             reference_tokens.append(int(logits.argmax()))
             ref_ids.append(reference_tokens[-1])
-    return {"sampled": sampled, "direct": direct, "dtype": str(model.dtype), "reference_fp32": reference_tokens}
+    moe_layers = sum(1 for dense in model.config.dense_layers if not dense)
+    return {"sampled": sampled, "direct": direct, "dtype": str(model.dtype), "reference_fp32": reference_tokens,
+            "moe_op_calls_per_step": moe_calls / 7 / moe_layers}
 
 
 @pytest.mark.slow
@@ -375,4 +381,6 @@ def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(v
     out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
                        python_path=[port_dir], port_dir=str(port_dir), float32=True)
     assert out["dtype"] == "torch.float32"
+    # every MoE layer's routed experts went through vllm-gaudi's fused op, in every step (7)
+    assert out["moe_op_calls_per_step"] == 1, out
     assert out["sampled"] == out["direct"] == out["reference_fp32"], out
