@@ -192,6 +192,58 @@ def conv_snapshot_line(layers: list[tuple[int, int]], hidden_size: int, kernel_s
             f"({num_blocks * conv / 2**30:.2f} GiB of it conv state)")
 
 
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One rank's device memory at start-up, as vllm-gaudi spends it: the weights, then a KV pool of
+    `blocks` (+ vllm-gaudi's pad block) pages of `page_bytes` (K/V plus conv snapshots, every layer),
+    inside what vllm-gaudi leaves for the KV cache: the memory free after the weights, times
+    --gpu-memory-utilization, less the VLLM_GRAPH_RESERVED_MEM share kept for HPU graphs. The
+    profile run's activation peak also comes out of the free memory; it is not known before the
+    run, so the guard's budget is an upper bound and a plan it passes can still be too tight."""
+
+    device_bytes: int
+    weights_bytes: int
+    kv_bytes_per_block: int          # K and V, every layer, this rank
+    conv_bytes_per_block: int        # conv-state snapshots, every layer, this rank
+    blocks: int                      # usable blocks (--num-gpu-blocks-override)
+    utilization: float               # --gpu-memory-utilization
+    graph_reserved: float            # VLLM_GRAPH_RESERVED_MEM (0 under --enforce-eager)
+
+    @property
+    def pool_bytes(self) -> int:
+        return (self.blocks + 1) * (self.kv_bytes_per_block + self.conv_bytes_per_block)
+
+    @property
+    def budget_bytes(self) -> int:
+        free = max(self.device_bytes - self.weights_bytes, 0)
+        return int(free * self.utilization * (1 - self.graph_reserved))
+
+    def arithmetic(self) -> str:
+        page = self.kv_bytes_per_block + self.conv_bytes_per_block
+        return (f"weights {self.weights_bytes / GiB:.2f} GiB of {self.device_bytes / GiB:.2f} GiB leave "
+                f"{(self.device_bytes - self.weights_bytes) / GiB:.2f} GiB; x gpu_memory_utilization "
+                f"{self.utilization} x (1 - VLLM_GRAPH_RESERVED_MEM {self.graph_reserved}) = "
+                f"{self.budget_bytes / GiB:.2f} GiB for the KV pool; the pool of {self.blocks} + 1 blocks x "
+                f"{page:,} bytes ({self.kv_bytes_per_block:,} K/V + {self.conv_bytes_per_block:,} conv state, "
+                f"every layer) = {self.pool_bytes / GiB:.2f} GiB")
+
+    def refusal(self) -> str | None:
+        if self.weights_bytes >= self.device_bytes:
+            return (f"memory per rank: the weights take {self.weights_bytes / GiB:.2f} GiB, the device has "
+                    f"{self.device_bytes / GiB:.2f} GiB; raise --tensor-parallel-size (or the pipeline stages)")
+        if self.pool_bytes <= self.budget_bytes:
+            return None
+        page = self.kv_bytes_per_block + self.conv_bytes_per_block
+        fits = max(self.budget_bytes // page - 1, 0)
+        return (f"memory per rank: expected the KV pool to fit what vllm-gaudi leaves for it, found "
+                f"{self.arithmetic()}, {(self.pool_bytes - self.budget_bytes) / GiB:.2f} GiB over. "
+                f"Lower --num-gpu-blocks-override to {fits} or fewer, or give the KV cache more "
+                "(--gpu-memory-utilization, VLLM_GRAPH_RESERVED_MEM, more ranks).")
+
+
 PORT_PROFILE = "inkling-small-port"
 PAGES_PATCH = "conv-snapshot-pages"
 

@@ -101,6 +101,31 @@ def _vllm_gaudi_stamp() -> dict | None:
         return {}
 
 
+def _device_memory_bytes() -> int | None:
+    """The device's total memory (torch.hpu, which habana_frameworks registers), None without one."""
+    hpu = getattr(torch, "hpu", None)
+    return int(hpu.mem_get_info()[1]) if hpu is not None and hasattr(hpu, "mem_get_info") else None
+
+
+def memory_plan(vllm_config, model: InklingForCausalLM, block_size: int, device_bytes: int,
+                environ=os.environ) -> guards.MemoryPlan:
+    """This rank's memory plan: the model's own parameter bytes, the pool of --num-gpu-blocks-override
+    pages (none set: vllm-gaudi sizes the pool within its budget, so only the weights are checked), and
+    vllm-gaudi's budget arithmetic (hpu_worker.determine_available_memory)."""
+    dtype_bytes = torch.empty(0, dtype=model.dtype).element_size()
+    shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in model.model.layers]
+    eager = vllm_config.model_config.enforce_eager
+    return guards.MemoryPlan(
+        device_bytes=device_bytes,
+        weights_bytes=sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]),
+        kv_bytes_per_block=guards.kv_bytes_per_block(shapes, block_size, dtype_bytes),
+        conv_bytes_per_block=guards.conv_snapshot_bytes_per_block(
+            shapes, model.config.hidden_size, model.config.conv_kernel_size, dtype_bytes),
+        blocks=vllm_config.cache_config.num_gpu_blocks_override or 0,
+        utilization=vllm_config.cache_config.gpu_memory_utilization,
+        graph_reserved=0.0 if eager else float(environ.get("VLLM_GRAPH_RESERVED_MEM", "0.1")))
+
+
 def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.PathLike) -> TextCheckpoint:
     """Fill `model` (this rank's shapes, model.tp) from the checkpoint's `model.llm.*` tensors.
 
@@ -316,6 +341,13 @@ class HpuInklingForCausalLM(nn.Module):
                 prefix=f"{prefix}model.layers.{i}.self_attn.attn")
             holder.extra_bytes_per_block = taps * sum(self.inkling.conv_channels(i).values()) * dtype_bytes
             self.kv_holders.append(holder)
+        device_bytes = _device_memory_bytes()
+        if device_bytes is not None:      # the byte-level guard, before any weight is read
+            plan = memory_plan(vllm_config, self.inkling, self.block_size, device_bytes)
+            refusal = plan.refusal()
+            if refusal:
+                raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
+            logger.info("Inkling memory per rank: %s", plan.arithmetic())
         # Conv state per KV block (docs/caches.md), allocated next to the bound KV cache.
         self._conv_state: list[dict[str, torch.Tensor]] | None = None
         self._layer_caches: list[LayerCache] | None = None
