@@ -91,6 +91,49 @@ def init_single_process_distributed(vllm_config) -> None:
         parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
+def initialize_kv_cache(runner, vllm_config, num_blocks: int):
+    """The KV cache as a worker gets it (no stand-in): the runner's own get_kv_cache_spec, the layout its
+    attention backends support (as EngineCore resolves it), vLLM 0.30.0's pool sizing for `num_blocks`
+    (--num-gpu-blocks-override) and the runner's own initialize_kv_cache, which allocates the pool on
+    the CPU device and binds it to the model's Attention modules. Returns the KVCacheConfig."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    with set_current_vllm_config(vllm_config):
+        specs = runner.get_kv_cache_spec()
+        backends = get_current_attn_backends(vllm_config)
+        resolve_kv_cache_layout(vllm_config, [[layout.name for layout in get_supported_kv_cache_layouts(backends)]],
+                                specs.values())
+        vllm_config.cache_config.num_gpu_blocks_override = num_blocks
+        memory = num_blocks * sum(spec.page_size_bytes for spec in specs.values())
+        kv_cache_config = get_kv_cache_configs(vllm_config, [specs], [memory])[0]
+        # The harness's device config is "cpu", for which vllm-gaudi's platform picks vLLM's CPU
+        # attention backend; on a Gaudi the runner holds HPUAttentionBackendV1, whose KV shape the
+        # allocation takes.
+        from vllm_gaudi.v1.attention.backends.hpu_attn import HPUAttentionBackendV1
+
+        runner.attn_backend = HPUAttentionBackendV1
+        runner.initialize_kv_cache(per_layer_kv_cache_tensors(kv_cache_config, specs))
+    return kv_cache_config
+
+
+def per_layer_kv_cache_tensors(kv_cache_config, specs):
+    """API drift: vllm-gaudi main's initialize_kv_cache reads the KVCacheTensor of vLLM before 0.30.0,
+    one per layer (`size`: that layer's bytes, `shared_by`: its name); vLLM 0.30.0's describes
+    placements (`layers`, strides, one backing `size`). The same pool, one entry per layer, as
+    releases/v0.30.0 (not public) must read it."""
+    import copy
+    from types import SimpleNamespace
+
+    per_layer = [SimpleNamespace(size=kv_cache_config.num_blocks * specs[name].page_size_bytes, shared_by=[name])
+                 for tensor in kv_cache_config.kv_cache_tensors for name in tensor.layers]
+    config = copy.copy(kv_cache_config)
+    config.kv_cache_tensors = per_layer
+    return config
+
+
 def make_runner(vllm_config=None, **config_kwargs):
     """The real HPUModelRunner on CPU, constructed inside the config context like a worker does."""
     from vllm.config import set_current_vllm_config

@@ -262,9 +262,23 @@ def pages_patch_missing(stamp: dict | None) -> str | None:
             "vLLM's KV pool sizing; apply ports/inkling-small/patches/port.yaml (install.sh does).")
 
 
+def _layer_specs(group: Any) -> list[Any]:
+    """A group's per-layer specs: vLLM groups layers whose K/V shapes differ (a config whose local and
+    global layers have other head counts) under one UniformTypeKVCacheSpecs, one spec per layer."""
+    per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+    return list(per_layer.values()) if per_layer is not None else [group.kv_cache_spec]
+
+
 def kv_groups_summary(kv_cache_groups: list[Any]) -> str:
-    """'FullAttentionSpecx42' for one group of 42 full-attention layers (vLLM KVCacheGroupSpec)."""
-    return ", ".join(f"{type(g.kv_cache_spec).__name__}x{len(g.layer_names)}" for g in kv_cache_groups)
+    """'FullAttentionSpecx42' for one group of 42 full-attention layers (vLLM KVCacheGroupSpec), with
+    ' in N K/V shapes' when its layers' shapes differ."""
+    parts = []
+    for group in kv_cache_groups:
+        specs = _layer_specs(group)
+        kinds = "/".join(sorted({type(spec).__name__ for spec in specs}))
+        shapes = {(getattr(spec, "num_kv_heads", None), getattr(spec, "head_size", None)) for spec in specs}
+        parts.append(f"{kinds}x{len(group.layer_names)}" + (f" in {len(shapes)} K/V shapes" if len(shapes) > 1 else ""))
+    return ", ".join(parts)
 
 
 def kv_pool_line(num_blocks: int, block_size: int, max_model_len: int) -> str:
@@ -283,7 +297,9 @@ def check_kv_cache_config(kv_cache_config: Any, block_size: int, max_model_len: 
     groups = list(kv_cache_config.kv_cache_groups)
     summary = kv_groups_summary(groups)
     expected = f"FullAttentionSpecx{num_layers}"
-    if len(groups) != 1 or summary != expected:
+    one_full_attention_group = (len(groups) == 1 and len(groups[0].layer_names) == num_layers
+                                and all(type(spec).__name__ == "FullAttentionSpec" for spec in _layer_specs(groups[0])))
+    if not one_full_attention_group:
         raise InklingConfigRefused(
             f"Inkling-Small refuses to start: KV groups: expected one group {expected}, found "
             f"{len(groups)} ({summary}). Every layer keeps a full-attention spec at block size "

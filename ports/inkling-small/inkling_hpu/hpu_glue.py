@@ -9,13 +9,16 @@ All math is in inkling_hpu.model. This module only translates between vLLM / vll
 - vllm-gaudi's per-step attention metadata (HPUAttentionMetadataV1, prompt or decode) -> the
   model's StepMetadata, built on the device with tensor ops from bucketed shapes (no read-back):
   prefill calls keep per-row block tables, decode calls keep vllm-gaudi's flat block list
-  (FlatDecodeGroup); the conv state lives per KV block, next to the KV cache.
+  (FlatDecodeGroup); the conv state lives per KV block in the pool vllm-gaudi's runner allocates
+  (each page's padding, bound as `extra_block_state`: patch conv-snapshot-pages);
+- each MoE layer's routed experts -> vllm-gaudi's fused MoE op (use_gaudi_moe_op);
+- the device's memory -> the byte-level start-up guard (guards.MemoryPlan).
 Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 
 On CPU, tests/cpu/test_plugin.py and test_prefix_conv_state.py run this class inside vllm-gaudi's
 real HPUModelRunner and HpuModelAdapter (the CPU harness; the latter with vLLM's real scheduler and
-prefix caching): fp32 greedy tokens equal transformers'. Not exercised there: Habana kernels and
-graphs, TP collectives, the KV allocation of initialize_kv_cache. The start-up lines and refusals of
+prefix caching), the pool allocated by the runner's own initialize_kv_cache: fp32 greedy tokens equal
+transformers'. Not exercised there: Habana kernels and graphs, TP collectives. The start-up lines and refusals of
 `kv_cache_config_ready` run in a real server through the CPU glue (cpu_glue.py, a subclass).
 """
 from __future__ import annotations
@@ -348,9 +351,7 @@ class HpuInklingForCausalLM(nn.Module):
             if refusal:
                 raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
             logger.info("Inkling memory per rank: %s", plan.arithmetic())
-        # Conv state per KV block (docs/caches.md), allocated next to the bound KV cache.
-        self._conv_state: list[dict[str, torch.Tensor]] | None = None
-        self._layer_caches: list[LayerCache] | None = None
+        self._layer_caches: list[LayerCache] | None = None     # the CPU glue's page views, built once
         self._logged_kv_line = False
         try:
             observe_kv_cache_config(*self.RUNNER)
@@ -410,21 +411,21 @@ class HpuInklingForCausalLM(nn.Module):
 
     # --- caches ---------------------------------------------------------------------------------
     def _caches(self) -> tuple[InklingCaches, int]:
-        """The model's view of vLLM's KV cache (bound by the runner) and the pad block id."""
+        """The model's views of the pool vllm-gaudi's runner allocated (initialize_kv_cache) and the pad
+        block id: each layer's K and V bound on its holder, [(blocks + pad block) * block, kv heads, dim],
+        and its conv state in the holder's `extra_block_state`, the bytes the layer's page was padded
+        with (patch conv-snapshot-pages). Nothing is allocated here."""
         layers, pad_block = [], None
         for i, holder in enumerate(self.kv_holders):
             cache = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
-            # vllm-gaudi binds (key, value, key_scales, value_scales), each cache
-            # [(num_blocks + 1) * block, kv_heads, dim]: the extra last block is its pad block.
             key, value = cache[0], cache[1]
-            num_blocks = key.shape[0] // self.block_size
-            if self._conv_state is None or self._conv_state[0]["k"].shape[0] != num_blocks:
-                self._conv_state = self.inkling.allocate_conv_state(num_blocks, device=key.device)
-            shape = (num_blocks, self.block_size) + tuple(key.shape[1:])
-            layers.append(LayerCache(key=key.view(shape), value=value.view(shape), conv=self._conv_state[i]))
-            pad_block = num_blocks - 1                     # vllm-gaudi's _PAD_BLOCK_ID: the last block
+            blocks_with_pad = key.shape[0] // self.block_size     # vllm-gaudi's pad block is the last one
+            shape = (blocks_with_pad, self.block_size) + tuple(key.shape[1:])
+            layers.append(LayerCache(key=key.view(shape), value=value.view(shape),
+                                     conv=self._conv_views(i, holder, blocks_with_pad)))
+            pad_block = blocks_with_pad - 1
         if not self._logged_kv_line:
-            # The memory guard on the pool vLLM really allocated (vllm-gaudi adds one pad block).
+            # The memory guard on the pool vLLM really allocated (pad_block = the usable blocks).
             max_model_len = self.vllm_config.model_config.max_model_len
             refusal = guards.kv_pool_refusal(pad_block, self.block_size, max_model_len)
             if refusal:
@@ -435,6 +436,23 @@ class HpuInklingForCausalLM(nn.Module):
             self._log_conv_snapshots(pad_block)
             self._logged_kv_line = True
         return InklingCaches(block_size=self.block_size, layers=layers), pad_block
+
+    def _conv_views(self, layer_idx: int, holder, blocks_with_pad: int) -> dict[str, torch.Tensor]:
+        """Stream -> [blocks, kernel - 1, channels] views of the layer's `extra_block_state` rows."""
+        state = getattr(holder, "extra_block_state", None)
+        expected = (blocks_with_pad, holder.extra_bytes_per_block)
+        if state is None or tuple(state.shape) != expected:
+            found = "none" if state is None else f"{tuple(state.shape)}"
+            raise guards.InklingConfigRefused(
+                f"Inkling-Small refuses to run: layer {layer_idx}'s conv state: expected vllm-gaudi's runner to bind "
+                f"{expected[0]} blocks x {expected[1]} bytes (its KV page padding) as extra_block_state, found {found}. "
+                f"Apply the port's runner patch {guards.PAGES_PATCH} (ports/inkling-small/patches/port.yaml; install.sh does).")
+        rows = state.view(self.inkling.dtype)
+        taps, views, offset = self.config.conv_kernel_size - 1, {}, 0
+        for stream, width in self.inkling.conv_channels(layer_idx).items():
+            views[stream] = rows[:, offset:offset + taps * width].unflatten(1, (taps, width))
+            offset += taps * width
+        return views
 
     # --- forward --------------------------------------------------------------------------------
     def step_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, pad_block: int) -> StepMetadata:

@@ -13,3 +13,18 @@ PORT = Path(__file__).resolve().parents[2]          # ports/inkling-small
 @pytest.fixture(scope="session")
 def port_dir() -> Path:
     return PORT
+
+
+@pytest.fixture(scope="session")
+def served_vllm_gaudi(vllm_gaudi_src, tmp_path_factory) -> Path:
+    """vllm-gaudi with the v0.30.0 profile's default fixes and the port's runner patches, as the page's
+    image serves it (resumed-prefill-logits matters here: without it a request resumed after
+    preemption samples from an old prompt row)."""
+    from cookbook import api
+    from gaudi_harness.compare import patched_tree
+
+    profile = api.load_profile(api.DEFAULT_PROFILE)
+    tree = patched_tree(vllm_gaudi_src, list(profile.fixes), tmp_path_factory.mktemp("served_vllm_gaudi"))
+    port = api.load_profile(str(PORT / "patches" / "port.yaml"))
+    api.apply_unpinned(port, {"vllm-gaudi": tree}, list(port.fixes))
+    return tree

@@ -5,8 +5,10 @@ inside vllm-gaudi's real HPUModelRunner on CPU: the runner's own get_kv_cache_sp
 0.30.0's own get_kv_cache_configs sizing a pool from a memory budget. Pristine: each layer's page is
 K and V only, so the pool would be sized without the snapshots. Patched: the page is K + V + the
 layer's snapshot bytes (kernel - 1 tokens x (2 x kv heads x head dim + 2 x hidden) x dtype bytes),
-and vLLM sizes the pool with them. Not exercised on CPU: the HPU memory profile and a real
-initialize_kv_cache allocation.
+and vLLM sizes the pool with them; the runner's own initialize_kv_cache then allocates that padding
+with the pool, one row per block and the pad block, bound on each layer's Attention module as
+`extra_block_state`, where the glue views its conv state. Not exercised on CPU: the HPU memory profile
+and HPU allocations.
 """
 from __future__ import annotations
 
@@ -44,8 +46,11 @@ def scenario_pages(port_dir: str) -> dict:
     (model_dir / "config.json").write_text(json.dumps(config))
     vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048, enable_prefix_caching=True)
     runner = builders.make_runner(vllm_config)
+    from vllm_gaudi.v1.worker.hpu_model_runner import HpuModelAdapter
+
     with set_current_vllm_config(vllm_config):
         glue = HpuInklingForCausalLM(vllm_config=vllm_config)
+        runner.model = HpuModelAdapter(glue, vllm_config)        # loaded before the KV cache, as a worker does
         specs = runner.get_kv_cache_spec()
         # What EngineCore does before sizing the pool: resolve the layout the workers' backends support.
         backends = get_current_attn_backends(vllm_config)
@@ -63,6 +68,12 @@ def scenario_pages(port_dir: str) -> dict:
             "kv": 2 * 128 * attn.num_key_value_heads * attn.head_dim * dtype_bytes,
             "conv": taps * (2 * attn.num_key_value_heads * attn.head_dim + 2 * glue.config.hidden_size) * dtype_bytes,
         })
+    builders.initialize_kv_cache(runner, vllm_config, kv_config.num_blocks)   # the runner allocates the pool
+    for holder, layer in zip(glue.kv_holders, layers):
+        state = getattr(holder, "extra_block_state", None)
+        layer["extra_block_state"] = None if state is None else [list(state.shape), str(state.dtype)]
+        cache = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache   # (K, V, …)
+        layer["kv_rows"] = cache[0].shape[0]
     return {"layers": layers, "num_blocks": kv_config.num_blocks}
 
 
@@ -94,3 +105,10 @@ def test_snapshot_bytes_are_in_the_kv_page_and_the_pool_sizing(vllm_gaudi_src, v
     assert [layer["page"] for layer in out["patched"]["layers"]] == [
         layer["kv"] + layer["conv"] for layer in out["patched"]["layers"]]
     assert out["patched"]["num_blocks"] == BUDGET // (kv + conv)
+    # ... and the runner allocates it with the pool: K/V rows and conv-state rows for the same blocks
+    # (+ vllm-gaudi's pad block). Pristine: no place for the conv state.
+    blocks = out["patched"]["num_blocks"] + 1
+    for layer in out["patched"]["layers"]:
+        assert layer["kv_rows"] == blocks * 128
+        assert layer["extra_block_state"] == [[blocks, layer["conv"]], "torch.uint8"], layer
+    assert all(layer["extra_block_state"] is None for layer in out["pristine"]["layers"])

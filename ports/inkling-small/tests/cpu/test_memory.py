@@ -135,3 +135,16 @@ def test_the_glue_refuses_a_pool_the_device_cannot_hold_before_any_weight(vllm_g
     refused = out[200000]["refused"]
     assert refused.startswith("Inkling-Small refuses to start: memory per rank: expected the KV pool to fit"), out
     assert "of 1.00 GiB" in refused and "200000 + 1 blocks" in refused, refused
+
+
+def test_no_glue_allocates_conv_state_outside_vllm_s_pool():
+    """The served paths take their conv state from vLLM's pool (HPU: the runner's extra_block_state; CPU:
+    the padded pages); the model's own allocators are for tests and parity runs only. The harness
+    tests also forbid the allocator at run time (test_plugin, test_prefix_conv_state)."""
+    import ast
+
+    glue = Path(memory.__file__).parent
+    for module in ("hpu_glue.py", "cpu_glue.py"):
+        names = {node.attr for node in ast.walk(ast.parse((glue / module).read_text()))
+                 if isinstance(node, ast.Attribute)}
+        assert not names & {"allocate_conv_state", "allocate_caches"}, module

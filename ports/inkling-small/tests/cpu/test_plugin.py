@@ -308,20 +308,23 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
 
     vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048, enable_prefix_caching=True)
     runner = builders.make_runner(vllm_config)
-    runner.bucketing_manager.num_hpu_blocks = 64     # what initialize_kv_cache sets
     if float32:
-        # The HPU platform serves bf16; fp32 makes the port comparable to transformers exactly.
-        vllm_config.model_config.dtype = torch.float32
+        # The HPU platform serves bf16; fp32 makes the port comparable to transformers exactly, the KV
+        # cache included (vLLM's attention selector takes no fp32 KV dtype: set on the runner).
+        vllm_config.model_config.dtype = runner.kv_cache_dtype = torch.float32
     with set_current_vllm_config(vllm_config):
         glue = HpuInklingForCausalLM(vllm_config=vllm_config)
         glue.load_weights(iter(()))          # as vLLM's loader calls it: text tensors, then the MoE op
-        for holder, layer in zip(glue.kv_holders, glue.inkling.model.layers):
-            attn = layer.self_attn
-            shape = (65 * runner.block_size, attn.num_key_value_heads, attn.head_dim)
-            holder.kv_cache = [(torch.zeros(shape, dtype=glue.inkling.dtype), torch.zeros(shape, dtype=glue.inkling.dtype),
-                                None, None)]
         runner.model = HpuModelAdapter(glue, vllm_config)
-    runner.kv_caches = []
+    # As a worker does next: the pool, conv state included, allocated and bound by the runner itself.
+    # The conv state must never be allocated anywhere else.
+    from inkling_hpu.model import InklingForCausalLM
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("conv state allocated outside vLLM's pool")
+
+    allocate_conv_state, InklingForCausalLM.allocate_conv_state = InklingForCausalLM.allocate_conv_state, no_allocation
+    builders.initialize_kv_cache(runner, vllm_config, 64)
     prompt = [(7 * i + 3) % raw["unpadded_vocab_size"] for i in range(20)]
     from habana_frameworks.torch import stand_in_ops
 
@@ -334,6 +337,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
         steps.step({"A": 1})
     sampled = steps.reqs["A"].outputs
     moe_calls = stand_in_ops.CALLS["mixture_of_experts"] - moe_calls
+    InklingForCausalLM.allocate_conv_state = allocate_conv_state
 
     # The same schedule straight through the model (no runner, no glue), in the dtype vLLM chose
     # (the HPU platform serves bf16): the runner path must give exactly these tokens.
@@ -363,10 +367,10 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_glue_through_the_real_runner_gives_the_model_s_own_tokens(vllm_gaudi_src, vllm_src, port_dir):
+def test_glue_through_the_real_runner_gives_the_model_s_own_tokens(served_vllm_gaudi, vllm_src, port_dir):
     from gaudi_harness.subproc import run_scenario
 
-    out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
+    out = run_scenario(f"{__file__}::scenario_glue_end_to_end", served_vllm_gaudi, vllm_src, timeout=600,
                        python_path=[port_dir], port_dir=str(port_dir))
     assert len(out["sampled"]) == 6
     assert out["dtype"] == "torch.bfloat16"          # vLLM's dtype on the HPU platform
@@ -375,10 +379,10 @@ def test_glue_through_the_real_runner_gives_the_model_s_own_tokens(vllm_gaudi_sr
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(vllm_gaudi_src, vllm_src, port_dir):
+def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(served_vllm_gaudi, vllm_src, port_dir):
     from gaudi_harness.subproc import run_scenario
 
-    out = run_scenario(f"{__file__}::scenario_glue_end_to_end", vllm_gaudi_src, vllm_src, timeout=600,
+    out = run_scenario(f"{__file__}::scenario_glue_end_to_end", served_vllm_gaudi, vllm_src, timeout=600,
                        python_path=[port_dir], port_dir=str(port_dir), float32=True)
     assert out["dtype"] == "torch.float32"
     # every MoE layer's routed experts went through vllm-gaudi's fused op, in every step (7)

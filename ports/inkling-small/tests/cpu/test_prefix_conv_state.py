@@ -62,23 +62,23 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling
     vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048, enable_prefix_caching=True,
                                             max_num_seqs=max_num_seqs, async_scheduling=async_scheduling)
     runner = builders.make_runner(vllm_config)
-    runner.bucketing_manager.num_hpu_blocks = NUM_BLOCKS     # what initialize_kv_cache sets
-    if float32:
-        vllm_config.model_config.dtype = torch.float32
+    if float32:   # the KV cache too (vLLM's attention selector takes no fp32 KV dtype: set on the runner)
+        vllm_config.model_config.dtype = runner.kv_cache_dtype = torch.float32
     with set_current_vllm_config(vllm_config):
         glue = HpuInklingForCausalLM(vllm_config=vllm_config)
         load_text_checkpoint(glue.inkling, model_dir)
-        bind = getattr(glue, "bind_test_kv_cache", None)
-        for holder, layer in zip(glue.kv_holders, glue.inkling.model.layers):
-            attn = layer.self_attn
-            # vllm-gaudi's layout: NUM_BLOCKS blocks + its pad block, flattened to token rows
-            shape = ((NUM_BLOCKS + 1) * runner.block_size, attn.num_key_value_heads, attn.head_dim)
-            holder.kv_cache = [(torch.zeros(shape, dtype=glue.inkling.dtype),
-                                torch.zeros(shape, dtype=glue.inkling.dtype), None, None)]
-        if bind is not None:
-            bind()
         runner.model = HpuModelAdapter(glue, vllm_config)
-    runner.kv_caches = []
+    if getattr(glue.kv_holders[0], "extra_bytes_per_block", 0):
+        # The conv state lives in vLLM's pool (the runner allocates it): never allocated anywhere else.
+        def no_allocation(*args, **kwargs):
+            raise AssertionError("conv state allocated outside vLLM's pool")
+
+        glue.inkling.allocate_conv_state = no_allocation
+    # The pool as a worker gets it: allocated and bound by the runner's own initialize_kv_cache.
+    builders.initialize_kv_cache(runner, vllm_config, NUM_BLOCKS)
+    bind = getattr(glue, "bind_test_kv_cache", None)      # the pristine port's own conv state
+    if bind is not None:
+        bind()
     engine = EngineDriver(runner, NUM_BLOCKS)
     # Spy (the real method still runs): every logits row the runner samples from.
     engine.logit_rows = []
@@ -245,21 +245,6 @@ def scenario_preemption(port_dir: str, new_tokens: int = 8, async_scheduling: bo
         result[case] = {"tokens": {n: engine.outputs(n) for n in prompts},
                         "admitted_at": {n: engine.admitted_at[n] for n in prompts}}
     return result
-
-
-@pytest.fixture(scope="module")
-def served_vllm_gaudi(vllm_gaudi_src, tmp_path_factory) -> Path:
-    """vllm-gaudi with the v0.30.0 profile's default fixes and the port's runner patches, as the page's
-    image serves it (resumed-prefill-logits matters here: without it a request resumed after
-    preemption samples from an old prompt row)."""
-    from cookbook import api
-    from gaudi_harness.compare import patched_tree
-
-    profile = api.load_profile(api.DEFAULT_PROFILE)
-    tree = patched_tree(vllm_gaudi_src, list(profile.fixes), tmp_path_factory.mktemp("served_vllm_gaudi"))
-    port = api.load_profile(str(Path(__file__).resolve().parents[2] / "patches" / "port.yaml"))
-    api.apply_unpinned(port, {"vllm-gaudi": tree}, list(port.fixes))
-    return tree
 
 
 @pytest.fixture(scope="module")
