@@ -168,13 +168,13 @@ def kv_pool_refusal(num_blocks: int, block_size: int, max_model_len: int) -> str
             "VLLM_GRAPH_RESERVED_MEM for it.")
 
 
-def conv_snapshot_bytes_per_block(layers: list[tuple[int, int]], hidden_size: int, kernel_size: int,
+def conv_snapshot_bytes_per_block(layers: list[tuple[int, int]], hidden_channels: int, kernel_size: int,
                                   dtype_bytes: int) -> int:
     """Bytes of conv state kept per KV block on one rank: for each layer (kv heads on this rank, head
     dim), the conv inputs of kernel - 1 tokens for K, V (kv heads x head dim each) and the attention
-    and MLP outputs (hidden size each)."""
+    and MLP outputs (this rank's channels of the hidden state each: hidden / tensor-parallel size)."""
     taps = kernel_size - 1
-    return sum(taps * (2 * kv_heads * head_dim + 2 * hidden_size) * dtype_bytes for kv_heads, head_dim in layers)
+    return sum(taps * (2 * kv_heads * head_dim + 2 * hidden_channels) * dtype_bytes for kv_heads, head_dim in layers)
 
 
 def kv_bytes_per_block(layers: list[tuple[int, int]], block_size: int, dtype_bytes: int) -> int:
@@ -182,10 +182,10 @@ def kv_bytes_per_block(layers: list[tuple[int, int]], block_size: int, dtype_byt
     return sum(2 * block_size * kv_heads * head_dim * dtype_bytes for kv_heads, head_dim in layers)
 
 
-def conv_snapshot_line(layers: list[tuple[int, int]], hidden_size: int, kernel_size: int, block_size: int,
+def conv_snapshot_line(layers: list[tuple[int, int]], hidden_channels: int, kernel_size: int, block_size: int,
                        dtype_bytes: int, num_blocks: int) -> str:
     """The start-up line stating what the conv snapshots cost next to the KV cache."""
-    conv = conv_snapshot_bytes_per_block(layers, hidden_size, kernel_size, dtype_bytes)
+    conv = conv_snapshot_bytes_per_block(layers, hidden_channels, kernel_size, dtype_bytes)
     kv = kv_bytes_per_block(layers, block_size, dtype_bytes)
     return (f"conv-state snapshots: {conv} bytes per block per rank = {conv / kv:.3f} x the block's K/V "
             f"({kv} bytes); {num_blocks} blocks: {num_blocks * (kv + conv) / 2**30:.2f} GiB per rank "

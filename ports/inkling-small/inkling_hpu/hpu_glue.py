@@ -71,14 +71,14 @@ def observe_kv_cache_config(module: str, runner: str) -> None:
 
 def _rank_and_collectives() -> TensorParallel:
     from vllm.distributed import (get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size,
-                                  tensor_model_parallel_all_gather, tensor_model_parallel_all_reduce)
+                                  tensor_model_parallel_all_gather, tensor_model_parallel_reduce_scatter)
 
     size = get_tensor_model_parallel_world_size()
     if size == 1:
         return TensorParallel()
     return TensorParallel(rank=get_tensor_model_parallel_rank(), size=size,
-                          all_reduce=tensor_model_parallel_all_reduce,
-                          all_gather_last_dim=lambda t: tensor_model_parallel_all_gather(t, dim=-1))
+                          all_gather_last_dim=lambda t: tensor_model_parallel_all_gather(t, dim=-1),
+                          reduce_scatter_last_dim=lambda t: tensor_model_parallel_reduce_scatter(t, dim=-1))
 
 
 def _gaudi_runtime_config():
@@ -123,7 +123,7 @@ def memory_plan(vllm_config, model: InklingForCausalLM, block_size: int, device_
         weights_bytes=sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]),
         kv_bytes_per_block=guards.kv_bytes_per_block(shapes, block_size, dtype_bytes),
         conv_bytes_per_block=guards.conv_snapshot_bytes_per_block(
-            shapes, model.config.hidden_size, model.config.conv_kernel_size, dtype_bytes),
+            shapes, model.config.hidden_size // model.tp.size, model.config.conv_kernel_size, dtype_bytes),
         blocks=vllm_config.cache_config.num_gpu_blocks_override or 0,
         utilization=vllm_config.cache_config.gpu_memory_utilization,
         graph_reserved=0.0 if eager else float(environ.get("VLLM_GRAPH_RESERVED_MEM", "0.1")))
@@ -378,7 +378,7 @@ class HpuInklingForCausalLM(nn.Module):
     def _log_conv_snapshots(self, num_blocks: int) -> None:
         shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in self.inkling.model.layers]
         logger.info("Inkling %s", guards.conv_snapshot_line(
-            shapes, self.config.hidden_size, self.config.conv_kernel_size, self.block_size,
+            shapes, self.config.hidden_size // self.tp.size, self.config.conv_kernel_size, self.block_size,
             torch.empty(0, dtype=self.inkling.dtype).element_size(), num_blocks))
         missing = guards.pages_patch_missing(_vllm_gaudi_stamp())
         if missing:

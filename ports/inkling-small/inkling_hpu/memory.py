@@ -42,8 +42,8 @@ class RankBytes:
     layers: int
     weights: int
     kv_per_block: int                  # K/V, every layer
-    conv_per_block: int                # conv snapshots as the port keeps them, every layer
-    conv_per_block_sharded: int        # attention/MLP-output streams split over the TP ranks by channel
+    conv_per_block: int                # conv snapshots, every layer (hidden streams: this rank's channels)
+    conv_per_block_unsharded: int      # what they were with every rank holding the whole hidden streams
 
 
 def rank_bytes(config: InklingPortConfig, tp_size: int, dtype: torch.dtype = torch.bfloat16) -> RankBytes:
@@ -53,12 +53,11 @@ def rank_bytes(config: InklingPortConfig, tp_size: int, dtype: torch.dtype = tor
         _, kv_heads, head_dim = config.attention_shape(layer)
         shapes.append((kv_heads // tp_size, head_dim))
     kernel = config.conv_kernel_size
-    sharded = sum((kernel - 1) * (2 * kv * dim + 2 * config.hidden_size // tp_size) * dtype_bytes for kv, dim in shapes)
     return RankBytes(
         tp=tp_size, layers=len(shapes), weights=weights_bytes(config, tp_size, dtype),
         kv_per_block=guards.kv_bytes_per_block(shapes, BLOCK_SIZE, dtype_bytes),
-        conv_per_block=guards.conv_snapshot_bytes_per_block(shapes, config.hidden_size, kernel, dtype_bytes),
-        conv_per_block_sharded=sharded)
+        conv_per_block=guards.conv_snapshot_bytes_per_block(shapes, config.hidden_size // tp_size, kernel, dtype_bytes),
+        conv_per_block_unsharded=guards.conv_snapshot_bytes_per_block(shapes, config.hidden_size, kernel, dtype_bytes))
 
 
 def report(config_path: Path, args) -> tuple[str, dict]:
@@ -69,9 +68,9 @@ def report(config_path: Path, args) -> tuple[str, dict]:
                              kv_bytes_per_block=per_rank.kv_per_block, conv_bytes_per_block=per_rank.conv_per_block,
                              blocks=args.blocks, utilization=args.gpu_memory_utilization,
                              graph_reserved=args.graph_reserved_mem)
-    sharded = guards.MemoryPlan(**{**asdict(plan), "conv_bytes_per_block": per_rank.conv_per_block_sharded})
+    unsharded = guards.MemoryPlan(**{**asdict(plan), "conv_bytes_per_block": per_rank.conv_per_block_unsharded})
     gb = 1e9
-    kv, conv, conv_sh = per_rank.kv_per_block, per_rank.conv_per_block, per_rank.conv_per_block_sharded
+    kv, conv, conv_full = per_rank.kv_per_block, per_rank.conv_per_block, per_rank.conv_per_block_unsharded
     tokens = args.blocks * BLOCK_SIZE
     lines = [f"{config_path}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
              f"{config.n_routed_experts} routed experts; bf16; tensor parallel {args.tp}; bytes per rank",
@@ -85,17 +84,17 @@ def report(config_path: Path, args) -> tuple[str, dict]:
         data["checkpoint_index_bytes"] = index
     lines += [f"  K/V per block          {kv:>12,} bytes ({per_rank.layers} layers x {kv // per_rank.layers:,})",
               f"  conv snapshots/block   {conv:>12,} bytes ({per_rank.layers} x {conv // per_rank.layers:,} = "
-              f"{conv / kv:.2f} x K/V)",
-              f"    channel-sharded      {conv_sh:>12,} bytes ({per_rank.layers} x {conv_sh // per_rank.layers:,} = "
-              f"{conv_sh / kv:.2f} x K/V; attention/MLP-output streams split by channel, not yet served)",
+              f"{conv / kv:.2f} x K/V; the hidden streams' channels split over the ranks)",
+              f"    if not split         {conv_full:>12,} bytes ({per_rank.layers} x {conv_full // per_rank.layers:,} = "
+              f"{conv_full / kv:.2f} x K/V)",
               f"  KV pool: {args.blocks} blocks = {tokens:,} tokens = {tokens / args.max_model_len:.2f} x "
               f"max_model_len {args.max_model_len:,}",
               f"  on the device          {plan.arithmetic()}",
               f"  verdict                {plan.refusal() or f'fits: {(plan.budget_bytes - plan.pool_bytes) / guards.GiB:.2f} GiB to spare'}",
-              f"  channel-sharded        pool {sharded.pool_bytes / guards.GiB:.2f} GiB: "
-              f"{sharded.refusal() or f'fits: {(sharded.budget_bytes - sharded.pool_bytes) / guards.GiB:.2f} GiB to spare'}"]
+              f"  if not split           pool {unsharded.pool_bytes / guards.GiB:.2f} GiB: "
+              f"{unsharded.refusal() or f'fits: {(unsharded.budget_bytes - unsharded.pool_bytes) / guards.GiB:.2f} GiB to spare'}"]
     data.update(pool_bytes=plan.pool_bytes, budget_bytes=plan.budget_bytes, refusal=plan.refusal(),
-                pool_bytes_sharded=sharded.pool_bytes, device_bytes=plan.device_bytes)
+                pool_bytes_unsharded=unsharded.pool_bytes, device_bytes=plan.device_bytes)
     return "\n".join(lines), data
 
 

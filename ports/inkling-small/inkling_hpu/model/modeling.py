@@ -33,17 +33,27 @@ def _identity(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class TensorParallel:
-    """This rank's place in the tensor-parallel group and its collectives (identity for one rank)."""
+    """This rank's place in the tensor-parallel group and its collectives (identity for one rank).
+
+    The hidden-width streams are sharded by channel between the attention/MLP and the next norm: each
+    rank reduce-scatters the partial sums of o_proj and of the MLP/MoE (the same bytes as an
+    all-reduce), runs the depthwise short convolution and the residual add on its own channels
+    (so it keeps only its channels' conv snapshots), then all-gathers the full hidden state."""
 
     rank: int = 0
     size: int = 1
-    all_reduce: Callable[[torch.Tensor], torch.Tensor] = _identity
     all_gather_last_dim: Callable[[torch.Tensor], torch.Tensor] = _identity
+    reduce_scatter_last_dim: Callable[[torch.Tensor], torch.Tensor] = _identity
 
     def split(self, total: int, what: str) -> int:
         if total % self.size:
             raise InklingConfigError(f"{what} ({total}) is not divisible by tensor-parallel size {self.size}")
         return total // self.size
+
+    def own_channels(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """This rank's slab of the last dim (what reduce_scatter_last_dim leaves it)."""
+        width = hidden_states.shape[-1] // self.size
+        return hidden_states.narrow(-1, self.rank * width, width) if self.size > 1 else hidden_states
 
 
 def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor) -> None:
@@ -231,7 +241,7 @@ class InklingAttention(nn.Module):
                       for p in group_plans]
             outputs.append(torch.cat(chunks, dim=1).reshape(-1, self.num_heads * self.head_dim))
         attn_output = torch.cat(outputs).index_select(0, meta.output_index)
-        return self.tp.all_reduce(self.o_proj(attn_output))
+        return self.tp.reduce_scatter_last_dim(self.o_proj(attn_output))     # this rank's channels
 
     def _attend_chunk(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
                       plan: ChunkPlan) -> torch.Tensor:
@@ -343,7 +353,7 @@ class InklingMLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = self.down_proj(swiglu(self.gate_up_proj(hidden_states)))
-        return self.tp.all_reduce(out) * self.global_scale
+        return self.tp.reduce_scatter_last_dim(out) * self.global_scale      # this rank's channels
 
 
 class InklingTopkRouter(nn.Module):
@@ -469,9 +479,10 @@ class InklingMoE(nn.Module):
         topk_weights, topk_indices, shared_gammas = self.gate(hidden_states)
         routed = self.experts(hidden_states, topk_indices, topk_weights)
         shared = self.shared_experts(hidden_states, shared_gammas)
+        reduce = self.tp.reduce_scatter_last_dim                             # to this rank's channels
         if self.single_reduce:   # INKLING_MOE_SINGLE_REDUCE: one collective for routed + shared
-            return self.tp.all_reduce(routed + shared)
-        return self.tp.all_reduce(routed) + self.tp.all_reduce(shared)
+            return reduce(routed + shared)
+        return reduce(routed) + reduce(shared)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,19 +500,22 @@ class InklingDecoderLayer(nn.Module):
         self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp, knobs)
         self.input_layernorm = InklingRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = InklingRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn_sconv = InklingShortConvolution(config.hidden_size, config.conv_kernel_size)
-        self.mlp_sconv = InklingShortConvolution(config.hidden_size, config.conv_kernel_size)
+        self.tp = tp
+        # depthwise: under tensor parallel each rank convolves its own channels of the hidden streams
+        channels = tp.split(config.hidden_size, "hidden_size")
+        self.attn_sconv = InklingShortConvolution(channels, config.conv_kernel_size)
+        self.mlp_sconv = InklingShortConvolution(channels, config.conv_kernel_size)
 
     def forward(self, hidden_states: torch.Tensor, meta: StepMetadata, cache: LayerCache,
                 plans: list[list[ChunkPlan]] | None = None) -> torch.Tensor:
+        tp = self.tp
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = self.self_attn(hidden_states, meta, cache, plans, self.knobs)
-        hidden_states = residual + self.attn_sconv(hidden_states, cache.conv["attn"], meta)
+        attended = self.self_attn(self.input_layernorm(hidden_states), meta, cache, plans, self.knobs)
+        hidden_states = tp.all_gather_last_dim(tp.own_channels(residual) + self.attn_sconv(attended, cache.conv["attn"], meta))
 
         residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        return residual + self.mlp_sconv(hidden_states, cache.conv["mlp"], meta)
+        mixed = self.mlp(self.post_attention_layernorm(hidden_states))
+        return tp.all_gather_last_dim(tp.own_channels(residual) + self.mlp_sconv(mixed, cache.conv["mlp"], meta))
 
 
 class InklingModel(nn.Module):
@@ -565,10 +579,11 @@ class InklingForCausalLM(nn.Module):
         return self.lm_head.weight.dtype
 
     def conv_channels(self, layer_idx: int) -> dict[str, int]:
-        """Channels of each conv stream of a layer on this rank (K and V: this rank's kv heads)."""
-        attn = self.model.layers[layer_idx].self_attn
-        kv_channels = attn.num_key_value_heads * attn.head_dim
-        return {"k": kv_channels, "v": kv_channels, "attn": self.config.hidden_size, "mlp": self.config.hidden_size}
+        """Channels of each conv stream of a layer on this rank (K and V: this rank's kv heads; the
+        attention- and MLP-output streams: this rank's channels of the hidden state)."""
+        layer = self.model.layers[layer_idx]
+        kv_channels = layer.self_attn.num_key_value_heads * layer.self_attn.head_dim
+        return {"k": kv_channels, "v": kv_channels, "attn": layer.attn_sconv.channels, "mlp": layer.mlp_sconv.channels}
 
     def allocate_conv_state(self, num_blocks: int, device: torch.device | str | None = None
                             ) -> list[dict[str, torch.Tensor]]:

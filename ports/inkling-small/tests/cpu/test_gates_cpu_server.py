@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpu_server_helpers import completion_token_ids, prepared, rows, run_gates, table
+from cpu_server_helpers import assert_greedy_tokens_equal_transformers, prepared, rows, run_gates, table
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
@@ -78,25 +78,4 @@ def test_greedy_tokens_equal_transformers_with_and_without_prefix_hits(server):
     """The served port against transformers' Inkling with the checkpoint's weights (fp32): the same
     greedy tokens for prompts of 1, 3 and 6 blocks, cold and again warm, when prefix caching serves
     their full blocks (the conv state then resumes from each hit block's snapshot)."""
-    import json
-
-    import torch
-
-    from inkling_hpu import parity
-
-    recorded = json.loads((server.model / "reference.json").read_text())
-    reference = parity.build_reference(recorded["config"], recorded["seed"], torch.float32)
-    vocab = recorded["config"]["vocab_size"]
-    generator = torch.Generator().manual_seed(5)
-    for length in (40, 300, 700):
-        prompt = torch.randint(10, vocab, (length,), generator=generator).tolist()
-        tokens = list(prompt)
-        with torch.no_grad():
-            for _ in range(8):
-                tokens.append(int(reference(torch.tensor([tokens])).logits[0, -1, :vocab].argmax()))
-        want = tokens[length:]
-        for attempt in ("first", "again"):
-            got, cached = completion_token_ids(server, prompt, 8)
-            assert got == want, f"{length}-token prompt, {attempt} (cached {cached}): server {got}, transformers {want}"
-            if attempt == "again":
-                assert cached == length // 128 * 128, f"{length}-token prompt: expected its full blocks cached, found {cached}"
+    assert_greedy_tokens_equal_transformers(server)

@@ -52,13 +52,13 @@ def test_all_reasons_are_listed_at_once():
 
 
 def test_conv_snapshot_arithmetic():
-    """Per block and rank: 3 taps x (2 x kv heads x head dim + 2 x hidden) x 2 bytes per layer, next to
-    2 x 128 x kv heads x head dim x 2 bytes of K/V."""
+    """Per block and rank: 3 taps x (2 x kv heads x head dim + 2 x hidden channels of the rank) x 2 bytes
+    per layer, next to 2 x 128 x kv heads x head dim x 2 bytes of K/V."""
     layers = [(1, 128)] * 42        # e.g. 8 kv heads over TP 8, head dim 128
-    assert guards.conv_snapshot_bytes_per_block(layers, 4096, 4, 2) == 42 * 3 * (256 + 8192) * 2
+    assert guards.conv_snapshot_bytes_per_block(layers, 4096 // 8, 4, 2) == 42 * 3 * (256 + 1024) * 2
     assert guards.kv_bytes_per_block(layers, 128, 2) == 42 * 2 * 128 * 128 * 2
-    line = guards.conv_snapshot_line(layers, 4096, 4, 128, 2, 2560)
-    assert line.startswith("conv-state snapshots: 2128896 bytes per block per rank = 0.773 x the block's K/V (2752512 bytes)")
+    line = guards.conv_snapshot_line(layers, 4096 // 8, 4, 128, 2, 2560)
+    assert line.startswith("conv-state snapshots: 322560 bytes per block per rank = 0.117 x the block's K/V (2752512 bytes)")
 
 
 def test_memory_guard_boundary():

@@ -139,9 +139,9 @@ def test_local_window_prefill_reads_only_the_window_blocks():
     assert plan_group(group, GLOBAL, 128, Knobs(local_window_prefill=True))[0].num_keys == 40 * 128
 
 
-def _count_all_reduces(knobs: Knobs) -> tuple[int, int]:
+def _count_reductions(knobs: Knobs) -> tuple[int, int]:
     calls = []
-    tp = modeling.TensorParallel(all_reduce=lambda t: calls.append(1) or t)
+    tp = modeling.TensorParallel(reduce_scatter_last_dim=lambda t: calls.append(1) or t)
     config = helpers.port_model("tiny-gqa2-mix.json").config
     model = modeling.InklingForCausalLM(config, tp=tp, knobs=knobs)
     model.load_state_dict(helpers.port_model("tiny-gqa2-mix.json").state_dict())
@@ -151,8 +151,8 @@ def _count_all_reduces(knobs: Knobs) -> tuple[int, int]:
 
 
 def test_moe_single_reduce_saves_one_collective_per_moe_layer():
-    two, moe_layers = _count_all_reduces(Knobs())
-    one, _ = _count_all_reduces(Knobs(moe_single_reduce=True))
+    two, moe_layers = _count_reductions(Knobs())
+    one, _ = _count_reductions(Knobs(moe_single_reduce=True))
     assert moe_layers > 0 and two - one == moe_layers
 
 

@@ -52,8 +52,8 @@ def test_weights_per_rank_from_a_meta_build_match_the_checkpoint_index():
     assert text / 8 < per_rank.weights < text / 8 + 2.5e9
     assert 65e9 < per_rank.weights < 70e9
     assert per_rank.kv_per_block == 42 * 65536
-    assert per_rank.conv_per_block == 42 * 50688                     # 0.77 x K/V
-    assert per_rank.conv_per_block_sharded == 42 * 7680               # 0.12 x K/V
+    assert per_rank.conv_per_block == 42 * 7680                       # 0.12 x K/V: hidden streams split by channel
+    assert per_rank.conv_per_block_unsharded == 42 * 50688            # 0.77 x K/V had each rank kept them whole
 
 
 def _page_launch() -> dict:
@@ -80,11 +80,11 @@ def test_the_page_s_launch_fits_a_96_gib_gaudi2_and_more_blocks_are_refused_with
     assert memory.main(["--json"]) == 0
     fits = json.loads(capsys.readouterr().out)
     assert fits["refusal"] is None and fits["pool_bytes"] < fits["budget_bytes"]
-    assert memory.main(["--json", "--blocks", "4000"]) == 1
+    assert memory.main(["--json", "--blocks", "6000"]) == 1
     refused = json.loads(capsys.readouterr().out)["refusal"]
     assert "expected the KV pool to fit what vllm-gaudi leaves for it" in refused
-    assert "4000 + 1 blocks x 4,881,408 bytes (2,752,512 K/V + 2,128,896 conv state" in refused
-    assert "Lower --num-gpu-blocks-override to 3284 or fewer" in refused
+    assert "6000 + 1 blocks x 3,075,072 bytes (2,752,512 K/V + 322,560 conv state" in refused
+    assert "Lower --num-gpu-blocks-override to 5215 or fewer" in refused
 
 
 def test_weights_alone_over_the_device_are_refused():

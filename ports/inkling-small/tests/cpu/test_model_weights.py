@@ -89,8 +89,8 @@ class ThreadGroup:
 
         return modeling.TensorParallel(
             rank=rank, size=self.size,
-            all_reduce=lambda t: self._exchange(rank, t, add),
-            all_gather_last_dim=lambda t: self._exchange(rank, t, lambda parts: torch.cat(parts, dim=-1)))
+            all_gather_last_dim=lambda t: self._exchange(rank, t, lambda parts: torch.cat(parts, dim=-1)),
+            reduce_scatter_last_dim=lambda t: self._exchange(rank, t, lambda parts: add(parts).chunk(self.size, -1)[rank]))
 
 
 def _rank_pieces(checkpoint_dir, config: InklingPortConfig, rank: int, world_size: int):

@@ -1,0 +1,33 @@
+"""The port at tensor-parallel size 2 through vLLM's own executor: the real vLLM 0.30.0 CPU server
+(`mp` executor, two worker processes, gloo), fix pack applied, the inkling_hpu plugin in both workers.
+Each rank holds its slab of every split tensor, its KV heads and its channels of the hidden streams'
+conv snapshots (reduce-scatter after o_proj and the MLP, conv and residual on its channels, then an
+all-gather); greedy tokens equal transformers' Inkling (fp32) cold and on prefix-cache hits."""
+from __future__ import annotations
+
+import pytest
+
+from cpu_server_helpers import assert_greedy_tokens_equal_transformers, prepared
+
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = prepared(tmp_path_factory.mktemp("cpu-server-tp2") / "server.log", ["--tensor-parallel-size", "2"])
+    with srv:
+        yield srv
+
+
+def test_greedy_tokens_equal_transformers_at_tensor_parallel_two(server):
+    assert_greedy_tokens_equal_transformers(server)
+
+
+def test_each_rank_keeps_half_the_hidden_streams_conv_state(server):
+    """Tiny Inkling, fp32, 4 layers: 3 taps x (K, V: 1 kv head x 64 each; attention and MLP outputs:
+    64 of the 128 hidden channels each) x 4 bytes = 3,072 bytes per layer and block on each rank,
+    half the 6,144 of one rank holding everything."""
+    lines = [line for line in server.log.read_text().splitlines() if "Inkling conv-state snapshots:" in line]
+    for rank in (0, 1):
+        mine = [line for line in lines if f"(Worker_TP{rank} pid=" in line]
+        assert len(mine) == 1 and "snapshots: 12288 bytes per block per rank" in mine[0], lines
