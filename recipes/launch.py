@@ -36,6 +36,11 @@ def serve_command(recipe: dict) -> list[str]:
     return argv
 
 
+def serve_flags(recipe: dict) -> dict[str, str]:
+    """The serve command's `--flag=value` options: {"tensor-parallel-size": "8", ...}."""
+    return dict(arg[2:].split("=", 1) for arg in recipe["serve"] if arg.startswith("--") and "=" in arg)
+
+
 def launch_block(recipe: dict) -> str:
     """The page's launch block, line for line."""
     lines = [f"export {k}={v}" for k, v in recipe["env"].items()]

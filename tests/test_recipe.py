@@ -150,23 +150,37 @@ def _readers(root: Path, name: str, pattern: str = "*.py") -> list[str]:
                   if p.is_file() and name.encode() in p.read_bytes())
 
 
-def test_unread_env_is_read_by_no_vllm_file(vllm_src):
+def _vllm_readers(vllm_src: Path, name: str) -> list[str]:
+    """vLLM's code that reads the variable. vllm/envs.py declares every variable vLLM knows (its
+    parser and defaults), whether any code reads it or not: a declaration is not a read."""
+    return [path for path in _readers(vllm_src / "vllm", name) if path != "envs.py"]
+
+
+def test_unread_env_is_read_by_no_vllm_code(vllm_src):
     assert set(RECIPE["unread-env"]) <= set(RECIPE["env"])
     for name in RECIPE["unread-env"]:
-        assert _readers(vllm_src, name, "*") == [], f"{name} is read in vLLM 0.30.0: update unread-env"
+        assert _vllm_readers(vllm_src, name) == [], f"{name} is read in vLLM 0.30.0: update unread-env"
+
+
+def test_a_declaration_in_envs_py_is_not_a_read(vllm_src):
+    """VLLM_ENGINE_ITERATION_TIMEOUT_S: vllm/envs.py declares it; nothing reads envs.VLLM_ENGINE_ITERATION_TIMEOUT_S."""
+    assert "envs.py" in _readers(vllm_src / "vllm", "VLLM_ENGINE_ITERATION_TIMEOUT_S")
+    assert _vllm_readers(vllm_src, "VLLM_ENGINE_ITERATION_TIMEOUT_S") == []
+    assert "VLLM_ENGINE_ITERATION_TIMEOUT_S" in RECIPE["unread-env"]
 
 
 def test_unread_env_is_read_by_no_vllm_gaudi_code(vllm_gaudi_src):
     for name in RECIPE["unread-env"]:
-        found = _readers(vllm_gaudi_src, name)
+        found = _readers(vllm_gaudi_src / "vllm_gaudi", name)
         assert found == [], f"{name} is read by vllm-gaudi code {found}: update unread-env"
-    # only docs and example scripts mention it
-    assert all(p.startswith(("docs/", "examples/")) for p in _readers(vllm_gaudi_src, "VLLM_RPC_TIMEOUT", "*"))
+    # only docs and example scripts mention them
+    for name in RECIPE["unread-env"]:
+        assert all(p.startswith(("docs/", "examples/")) for p in _readers(vllm_gaudi_src, name, "*"))
 
 
 def test_every_other_env_variable_is_read_somewhere(vllm_src, vllm_gaudi_src):
     port = REPO / "ports" / "inkling-small"
     for name in set(RECIPE["env"]) - set(RECIPE["unread-env"]):
-        readers = (_readers(vllm_src / "vllm", name) + _readers(vllm_gaudi_src / "vllm_gaudi", name)
+        readers = (_vllm_readers(vllm_src, name) + _readers(vllm_gaudi_src / "vllm_gaudi", name)
                    + _readers(port / "inkling_hpu", name) + _readers(REPO / "fixes", name, "*.patch"))
         assert readers, f"{name} is set by the recipe but read by nothing: add it to unread-env"

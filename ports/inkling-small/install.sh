@@ -5,11 +5,12 @@
 #   2. check the vLLM and vllm-gaudi commits with the library (`apply_all.py identify`): stop on
 #      any other base;
 #   3. install the inkling_hpu plugin (with its vllm.general_plugins entry point), no dependencies;
-#   4. apply the port's runner patch (decode window) with the same engine, which writes the stamp.
+#   4. apply the port's runner patches (patches/port.yaml: decode-window, conv-snapshot-pages) with
+#      the same engine, which writes the stamp.
 # Environment: COOKBOOK_PROFILE (default v0.30.0), COOKBOOK_PORT_PROFILE (default the port's
 # patches/port.yaml), PYTHON (default python3).
 # Exit codes: 0 installed; 2 not the profile's base (nothing installed); 3 usage/setup error;
-# 1 the plugin install or the runner patch failed.
+# 1 the plugin install or a runner patch failed.
 set -euo pipefail
 
 cookbook=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -5,7 +5,10 @@ the repository the image carries (the cookbook library comes from there):
 
 Checks, with the cookbook library the image carries: both commits are the profile's; the port's
 runner patches (the conv state in the KV page, the decode window) are in place (a dry run finds
-them already applied) and stamped; `inkling_hpu` is installed with its vLLM plugin entry point;
+them already applied) and stamped; the KV layout the port declares for the published Inkling-Small
+at the page's launch (recipe.yaml) is one full-attention group at block 128 that vLLM's own grouping
+accepts, holds the page's pool and gives local layers a 5-block decode window;
+`inkling_hpu` is installed with its vLLM plugin entry point;
 vLLM's own plugin loader then resolves the `inkling_py` tool-call and reasoning parsers to the
 port's; then the port's CPU tests when the image has torch, pytest and vLLM (a Gaudi image does; the
 docker tests' Debian base does not, and says so). The CPU tests run offline against the vLLM and
@@ -63,6 +66,42 @@ def check_stamp(port_profile: str) -> tuple[str, str]:
             return "fail", f"{path} does not record profile {profile.name}"
         found.append(str(path))
     return "pass", ", ".join(found)
+
+
+def check_kv_layout() -> tuple[str, str]:
+    """Inkling-Small's per-layer KV specs as the glue declares them (block 128, this rank's KV heads,
+    the page padded by the conv snapshots), grouped by vLLM's own code, then the start-up guard on
+    the page's pool and the decode window the runner patch builds."""
+    missing = _not_importable("torch", "vllm")
+    if missing:
+        return "skip", f"{', '.join(missing)} not importable in this image: KV layout not checked"
+    import torch
+    from vllm.v1.core.kv_cache_utils import create_kv_cache_group_specs, is_kv_cache_spec_uniform
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+
+    from inkling_hpu import guards, memory
+    from inkling_hpu.model import InklingPortConfig
+    from recipes.launch import load_recipe, serve_flags
+
+    flags = serve_flags(load_recipe())
+    tp, blocks = int(flags["tensor-parallel-size"]), int(flags["num-gpu-blocks-override"])
+    block, max_model_len = int(flags["block-size"]), int(flags["max-model-len"])
+    config = InklingPortConfig.from_dict(json.loads((PORT / "configs" / "inkling-small" / "config.json").read_text()))
+    per_rank = memory.rank_bytes(config, tp)
+    specs = {}
+    for i in range(config.num_hidden_layers):
+        _, kv_heads, head_dim = config.attention_shape(i)
+        spec = FullAttentionSpec(block_size=block, num_kv_heads=kv_heads // tp, head_size=head_dim, dtype=torch.bfloat16)
+        specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
+            block_size=block, num_kv_heads=kv_heads // tp, head_size=head_dim, dtype=torch.bfloat16,
+            page_size_padded=spec.page_size_bytes + per_rank.conv_per_block // config.num_hidden_layers)
+    if not is_kv_cache_spec_uniform(specs):
+        return "fail", "the layers' KV specs do not merge into one group"
+    groups = create_kv_cache_group_specs(specs, [list(specs)])
+    line = guards.check_kv_cache_config(KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=groups),
+                                        block, max_model_len, config.num_hidden_layers)
+    window = -(-(config.sliding_window_size - 1) // block) + 1
+    return "pass", f"{line.removeprefix('Inkling KV cache: ')}; decode window {window} blocks"
 
 
 def check_plugin() -> tuple[str, str]:
@@ -135,6 +174,7 @@ def main() -> int:
     for name, func in (("commits", lambda: check_commits(profile)),
                        ("port runner patches", lambda: check_port_patch(port_profile)),
                        ("stamp", lambda: check_stamp(port_profile)),
+                       ("KV layout", check_kv_layout),
                        ("plugin", check_plugin),
                        ("parsers", check_parsers),
                        ("CPU tests", run_cpu_tests)):

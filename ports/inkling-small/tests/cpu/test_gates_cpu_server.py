@@ -23,10 +23,13 @@ def server(tmp_path_factory):
 
 
 def test_quick_gates_on_a_healthy_server(server):
-    code, report, stderr = run_gates(server, "quick")
+    # what `make gates` accepts on this server (tools/cpu_server.CPU_SERVER_SKIPS), and nothing more
+    code, report, stderr = run_gates(server, "quick", "--allow-skip", "preflight,needles-mid")
     got = rows(report)
     assert report["max_model_len"] == 4096 and report["stand_in"] is True, report
     assert code == 0, f"expected exit 0, found {code}:\n{table(report)}\n{stderr[-2000:]}"
+    assert report["summary"].startswith("5 judged, 5 passed, 6 skipped (preflight: not inside the image; "
+                                        "smoke: needs a trained model; "), report["summary"]
     # model-independent gates pass, on the server's real behaviour
     for name in ("greedy", "logprobs", "prefix-cache", "overlong"):
         assert got[name]["passed"] is True, f"{name}: expected pass, found {got[name]}"
@@ -51,7 +54,8 @@ def test_quick_gates_on_a_healthy_server(server):
 
 
 def test_long_gates_run_beside_each_other(server):
-    code, report, stderr = run_gates(server, "long", env={"STREAM_WARMUP_S": "3", "STREAM_WINDOW_S": "5"})
+    code, report, stderr = run_gates(server, "long", "--allow-skip", "needles-long",
+                                     env={"STREAM_WARMUP_S": "3", "STREAM_WINDOW_S": "5"})
     got = rows(report)
     assert code == 0, f"expected exit 0, found {code}:\n{table(report)}\n{stderr[-2000:]}"
     assert got["needles-long"]["passed"] is None and "no length fits" in got["needles-long"]["result"]
@@ -61,6 +65,14 @@ def test_long_gates_run_beside_each_other(server):
     assert got["prefill-with-decodes"]["passed"] is True
     assert "with 16 running" in got["prefill-with-decodes"]["result"]
     assert "15/15 streams alive" in got["prefill-with-decodes"]["result"]
+
+
+def test_a_skip_nobody_accepted_is_not_a_pass(server):
+    code, report, _ = run_gates(server, "quick", "--only", "preflight,needles-mid")
+    assert code == 4, f"expected exit 4, found {code}: {report['summary']}"
+    assert report["summary"] == ("0 judged, 0 passed, 2 skipped (preflight: not inside the image (NOT accepted); "
+                                 "needles-mid: no length fits (NOT accepted)); skipped and not accepted: preflight, "
+                                 "needles-mid (accept with --allow-skip, or run where they can be judged)")
 
 
 def test_long_prompt_that_queues_fails(server):

@@ -62,3 +62,28 @@ def test_request_errors_carry_the_request_and_the_servers_message(gates):
     assert "<5,000 chars>" in text and '"max_tokens": 8' in text
     assert gates.server_message({"error": {"message": "This model's maximum context length is 4096"}}) \
         == "This model's maximum context length is 4096"
+
+
+def _row(gate, passed, result):
+    return {"gate": gate, "passed": passed, "result": result}
+
+
+def test_a_skip_is_not_a_pass(gates):
+    """Exit 0 only when every gate was judged and passed or its skip was accepted: --allow-skip names
+    gates, STAND_IN accepts exactly the rows that need a trained model. Otherwise 4; a failure, 1."""
+    rows = [_row("greedy", True, "3 greedy runs"),
+            _row("preflight", None, "skipped: not inside the image (no entry point)"),
+            _row("smoke", None, gates.NEEDS_MODEL + ": arithmetic served, not judged"),
+            _row("needles-mid", None, "skipped: no length fits; 8,192 not run")]
+    code, summary = gates.verdict(rows, set(), stand_in=False)
+    assert code == gates.EXIT_SKIPPED == 4
+    assert summary.startswith("1 judged, 1 passed, 3 skipped (preflight: not inside the image (NOT accepted); "
+                              "smoke: needs a trained model (NOT accepted); needles-mid: no length fits (NOT accepted))")
+    assert "skipped and not accepted: preflight, smoke, needles-mid" in summary
+    code, summary = gates.verdict(rows, set(), stand_in=True)      # STAND_IN accepts the smoke row only
+    assert code == 4 and "not accepted: preflight, needles-mid" in summary
+    code, summary = gates.verdict(rows, {"preflight", "needles-mid"}, stand_in=True)
+    assert code == 0 and summary == ("1 judged, 1 passed, 3 skipped (preflight: not inside the image; "
+                                     "smoke: needs a trained model; needles-mid: no length fits)")
+    code, _ = gates.verdict(rows + [_row("overlong", False, "HTTP 200")], {"preflight", "needles-mid"}, True)
+    assert code == gates.EXIT_FAILED == 1

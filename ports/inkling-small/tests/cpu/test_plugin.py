@@ -126,6 +126,19 @@ def test_preflight_resolves_the_parsers_through_vllms_plugin_loader(installed, v
     assert "tool inkling_py -> inkling_hpu.parsers" in detail and "reasoning inkling_py -> inkling_hpu.parsers" in detail
 
 
+def test_preflight_checks_the_kv_layout_it_names(installed, vllm_src, port_dir):
+    """The image preflight's KV-layout check: Inkling-Small's layers at the page's launch, grouped by
+    vLLM's own code into one full-attention group at block 128 holding the page's pool, and the
+    5-block decode window of the local layers."""
+    out = _run(installed, vllm_src, """
+        import json
+        from inkling_hpu import preflight
+        print(json.dumps(preflight.check_kv_layout()))
+    """, port_dir.parents[1])
+    assert out == ["pass", "1 KV group (FullAttentionSpecx42); KV pool: 2560 blocks = 327680 tokens = 1.25 x "
+                           "max_model_len 262144; decode window 5 blocks"], out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp_path):

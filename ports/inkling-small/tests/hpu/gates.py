@@ -1,7 +1,9 @@
 """The page's serving gates (run through run_gates.sh). Python standard library only, so it runs
 in the image or on any client machine. Each gate returns (passed, result text); the table at the
-end has the page's shape. Gates that need something absent (SERVER_LOG, the image's tests) are
-reported as skipped with the reason, never as passed.
+end has the page's shape, then "N judged, N passed, K skipped (why)". Gates that need something
+absent (SERVER_LOG, the image's tests, a context that fits their lengths, a trained model) are
+reported as skipped with the reason, never as passed, and a run with a skip the caller did not accept
+does not exit 0.
 """
 from __future__ import annotations
 
@@ -694,41 +696,78 @@ def discover() -> None:
     SERVER.update(model=MODEL, max_model_len=int(chosen["max_model_len"]))
 
 
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_NO_SERVER, EXIT_SKIPPED = 0, 1, 2, 3, 4
+
+
+def verdict(rows: list[dict], allowed: set[str], stand_in: bool) -> tuple[int, str]:
+    """(exit code, summary line) of a run. A skip is not a pass: the run passes (0) only when every
+    gate was judged and passed, or skipped where the caller accepted it (`allowed` gate names; with
+    STAND_IN=1, exactly the rows that need a trained model). A failure gives 1, else an unaccepted
+    skip gives 4."""
+    judged = [r for r in rows if r["passed"] is not None]
+    passed = [r for r in judged if r["passed"]]
+    skipped = [r for r in rows if r["passed"] is None]
+
+    def accepted(row: dict) -> bool:
+        return row["gate"] in allowed or (stand_in and row["result"].startswith(NEEDS_MODEL))
+
+    unaccepted = [r["gate"] for r in skipped if not accepted(r)]
+    why = "; ".join(f"{r['gate']}: {re.split(r' [(]|;|:', r['result'].removeprefix('skipped: '), maxsplit=1)[0]}"
+                    f"{'' if accepted(r) else ' (NOT accepted)'}" for r in skipped)
+    summary = f"{len(judged)} judged, {len(passed)} passed, {len(skipped)} skipped" + (f" ({why})" if skipped else "")
+    if len(passed) < len(judged):
+        return EXIT_FAILED, summary
+    if unaccepted:
+        return EXIT_SKIPPED, (summary + f"; skipped and not accepted: {', '.join(unaccepted)} "
+                              "(accept with --allow-skip, or run where they can be judged)")
+    return EXIT_PASSED, summary
+
+
+def _names(option: str, text: str, known: list[str]) -> list[str] | None:
+    names = [n for n in text.split(",") if n] if text else []
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        print(f"error: {option}: unknown gate(s) {unknown}; this mode has {known}", file=sys.stderr)
+        return None
+    return names
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="run_gates.sh")
     parser.add_argument("mode", choices=sorted(GATES))
     parser.add_argument("--only", default="", help="comma-separated gate names")
+    parser.add_argument("--allow-skip", default="", help="comma-separated gate names whose skip is accepted")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     gates = GATES[args.mode]
-    if args.only:
-        wanted = args.only.split(",")
-        unknown = sorted(set(wanted) - {g[0] for g in gates})
-        if unknown:
-            print(f"error: unknown gate(s) {unknown}; {args.mode} has {[g[0] for g in gates]}", file=sys.stderr)
-            return 2
+    known = [g[0] for g in gates]
+    wanted, allowed = _names("--only", args.only, known), _names("--allow-skip", args.allow_skip, known)
+    if wanted is None or allowed is None:
+        return EXIT_USAGE
+    if wanted:
         gates = [g for g in gates if g[0] in wanted]
     try:
         discover()
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: no server at BASE_URL={BASE_URL!r}: {exc}", file=sys.stderr)
-        return 3
+        return EXIT_NO_SERVER
     except GateError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 3
-    rows, failed = [], False
+        return EXIT_NO_SERVER
+    rows = []
     for name, title, fn in gates:
         start = time.perf_counter()
         try:
             passed, result = fn()
         except Exception as exc:                       # a gate that errors has failed
             passed, result = False, f"error: {type(exc).__name__}: {exc}"
-        failed |= passed is False
         rows.append({"gate": name, "title": title, "passed": passed, "result": result,
                      "seconds": round(time.perf_counter() - start, 1)})
         print(f"[{name}] {result}", file=sys.stderr, flush=True)
+    code, summary = verdict(rows, set(allowed), STAND_IN)
     if args.json:
-        print(json.dumps({"base_url": BASE_URL, "stand_in": STAND_IN, **SERVER, "gates": rows}, indent=2))
+        print(json.dumps({"base_url": BASE_URL, "stand_in": STAND_IN, **SERVER, "gates": rows,
+                          "allowed_skips": allowed, "summary": summary, "exit_code": code}, indent=2))
     else:
         print(f"run_gates.sh {args.mode} against {BASE_URL} ({MODEL}, max_model_len {max_model_len():,}"
               f"{', stand-in checkpoint' if STAND_IN else ''}):")
@@ -738,7 +777,8 @@ def main(argv=None) -> int:
             mark = {True: "", False: " (FAIL)", None: " (skipped)"}[row["passed"]]
             mark = "" if row["result"].startswith("skipped") else mark
             print(f"| {row['title']} | {row['result']}{mark} |")
-    return 1 if failed else 0
+        print(f"\n{summary}")
+    return code
 
 
 if __name__ == "__main__":

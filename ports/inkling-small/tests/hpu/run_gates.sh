@@ -9,10 +9,12 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: run_gates.sh quick|long [--only GATE[,GATE...]] [--json]
+Usage: run_gates.sh quick|long [--only GATE[,GATE...]] [--allow-skip GATE[,GATE...]] [--json]
 
 Runs the page's gates against the server at $BASE_URL and prints a Gate | Result table (each row
-says the lengths it used; skipped rows say why).
+says the lengths it used; skipped rows say why), then "N judged, N passed, K skipped (why)". A skip
+is not a pass: name the gates whose skip you accept with --allow-skip (STAND_IN=1 accepts exactly
+the rows that need a trained model).
 
   quick   preflight, smoke, greedy repeats, reasoning/streaming, needles 3K-131K, logprobs requests
           (vLLM's format: sampled token first, then the top k), prefix-cache hit vs cold
@@ -35,8 +37,8 @@ Environment:
   ADMIT_TIMEOUT_S   the long prompt not running beside the streams by then: it queued, fail (120)
   GATE_TIMEOUT      seconds per request (default 900)
 
-Exit codes: 0 every gate passed (skipped gates say why), 1 a gate failed, 2 usage error,
-3 the server is unreachable.
+Exit codes: 0 every gate was judged and passed, or skipped where accepted; 1 a gate failed; 2 usage
+error; 3 the server is unreachable; 4 no gate failed but one skipped that was not accepted.
 EOF
 }
 
@@ -50,10 +52,10 @@ while [ $# -gt 0 ]; do
       if [ -n "$mode" ]; then echo "error: give one mode, found '$mode' and '$1'" >&2; exit 2; fi
       mode="$1" ;;
     --json) extra+=(--json) ;;
-    --only)
-      if [ $# -lt 2 ]; then echo "error: --only needs a comma-separated list of gate names" >&2; exit 2; fi
-      extra+=(--only "$2"); shift ;;
-    *) echo "error: unknown argument '$1' (expected quick, long, --only, --json or --help)" >&2; usage >&2; exit 2 ;;
+    --only|--allow-skip)
+      if [ $# -lt 2 ]; then echo "error: $1 needs a comma-separated list of gate names" >&2; exit 2; fi
+      extra+=("$1" "$2"); shift ;;
+    *) echo "error: unknown argument '$1' (expected quick, long, --only, --allow-skip, --json or --help)" >&2; usage >&2; exit 2 ;;
   esac
   shift
 done
