@@ -199,9 +199,22 @@ def prepared(log: Path, extra_args=(), port: int | None = None) -> CpuServer:
 CPU_SERVER_SKIPS = {"quick": "preflight,needles-mid", "long": "needles-long"}
 
 
+def server_flag(cmd: list[str], flag: str) -> str | None:
+    """The value the server's command line gives `flag` (the last one wins, as in vLLM's parser)."""
+    value = None
+    for i, arg in enumerate(cmd):
+        if arg == flag and i + 1 < len(cmd):
+            value = cmd[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def gate_env(server: CpuServer) -> dict:
-    """Environment for run_gates.sh against this server: a stand-in model, its log."""
-    return {**os.environ, "BASE_URL": server.base_url, "SERVER_LOG": str(server.log), "STAND_IN": "1"}
+    """Environment for run_gates.sh against this server: a stand-in model, its log, its batch budget."""
+    env = {**os.environ, "BASE_URL": server.base_url, "SERVER_LOG": str(server.log), "STAND_IN": "1"}
+    budget = server_flag(server.cmd, "--max-num-batched-tokens")
+    return {**env, "MAX_NUM_BATCHED_TOKENS": budget} if budget else env
 
 
 def main(argv=None) -> int:

@@ -87,3 +87,43 @@ def test_a_skip_is_not_a_pass(gates):
                                      "smoke: needs a trained model; needles-mid: no length fits)")
     code, _ = gates.verdict(rows + [_row("overlong", False, "HTTP 200")], {"preflight", "needles-mid"}, True)
     assert code == gates.EXIT_FAILED == 1
+
+
+def simulate_chunked_prefill(prompt: int, budget: int, max_tokens: int, requests: int = 3) -> float:
+    """Steps of a chunked-prefill scheduler (decodes first, one token each; the rest of the budget to
+    prefills in arrival order): the latest first token's step less the earliest end's (< 0: the
+    three were never all running)."""
+    left, out, first, end = [prompt] * requests, [0] * requests, [None] * requests, [None] * requests
+    step = 0
+    while None in end:
+        step += 1
+        room = budget
+        for r in range(requests):                       # decodes
+            if first[r] is not None and end[r] is None:
+                out[r] += 1
+                room -= 1
+                if out[r] == max_tokens:
+                    end[r] = step
+        for r in range(requests):                       # prefill chunks
+            if left[r] and room:
+                chunk = min(left[r], room)
+                left[r] -= chunk
+                room -= chunk
+                if not left[r]:
+                    first[r], out[r] = step, 1          # the prefill's step samples the first token
+    return min(end) - max(first)
+
+
+def test_three_resident_outputs_outlast_the_prefills_at_any_ratio(gates):
+    """The old 24 output tokens: at the page's ratio (100K prompts, budget 2048) the first request ends
+    long before the third is prefilled, so a healthy node could never pass. resident_tokens keeps all
+    three running together, at the page's ratio and at the CPU server's."""
+    assert simulate_chunked_prefill(100_000, 2048, 24) < 0
+    for prompt, budget in ((100_000, 2048), (3_863, 80), (3_900, 1024), (250_000, 2048)):
+        assert simulate_chunked_prefill(prompt, budget, gates.resident_tokens(prompt, budget)) > 0, (prompt, budget)
+    gates.SERVER.update(max_model_len=262144)
+    assert gates.resident_sizes() == (100_000, 3 * 49 + 16)
+    gates.SERVER.update(max_model_len=4096)
+    gates.MAX_NUM_BATCHED_TOKENS = 80
+    size, tokens = gates.resident_sizes()
+    assert size + tokens <= 4096 - gates.RESERVE and tokens == gates.resident_tokens(size, 80) and size > 3_700   # ratio 47, the page 49

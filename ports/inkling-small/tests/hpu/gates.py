@@ -512,9 +512,30 @@ def gate_needles_long() -> tuple[bool | None, str]:
     return needle_gate([200_000, 250_000], [0.1, 0.5, 0.9])
 
 
-def resident_needle(size: int, seed: int) -> dict:
-    """One streamed needle request: when its first token came (its prefill was done: it was running)
-    and when it ended, on this process's clock."""
+# The server's --max-num-batched-tokens (the page's 2048): how many steps a long prompt's prefill takes.
+MAX_NUM_BATCHED_TOKENS = int(os.environ.get("MAX_NUM_BATCHED_TOKENS", "2048"))
+
+
+def resident_tokens(prompt: int, budget: int | None = None, requests: int = 3) -> int:
+    """Output tokens that keep the first of `requests` prompts decoding until the last one's prefill is
+    done, on a healthy server: each step decodes one token per running request and spends the rest of
+    the budget on prefill, so the prefills take at most `requests` x ceil(prompt / (budget - requests))
+    steps; a margin on top. `budget`: MAX_NUM_BATCHED_TOKENS by default."""
+    budget = budget or MAX_NUM_BATCHED_TOKENS
+    return requests * math.ceil(prompt / (budget - requests)) + 16
+
+
+def resident_sizes(target: int = 100_000) -> tuple[int, int]:
+    """(prompt tokens, output tokens) for the three-resident gate: the page's 100K, or what fits."""
+    size = min(target, max_model_len() - RESERVE)
+    while size + resident_tokens(size) > max_model_len() - RESERVE:
+        size -= 128
+    return size, resident_tokens(size)
+
+
+def resident_needle(size: int, max_tokens: int, seed: int) -> dict:
+    """One streamed needle request that decodes `max_tokens` (ignore_eos): when its first token came
+    (its prefill was done: it was running) and when it ended, on this process's clock."""
     messages, code = needle_prompt(size, 0.5, random.Random(seed), fresh_head())
     first: list[float] = []
 
@@ -523,22 +544,23 @@ def resident_needle(size: int, seed: int) -> dict:
             first.append(time.perf_counter())
         return False                      # read the stream to its end
 
-    out = stream_chat(messages, on_delta=on_delta, max_tokens=24, temperature=0.0,
+    out = stream_chat(messages, on_delta=on_delta, max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                       chat_template_kwargs={"reasoning_effort": "none"})
     return {"first": first[0] if first else None, "end": time.perf_counter(), "found": code in out["content"]}
 
 
 def gate_three_resident() -> tuple[bool | None, str]:
-    """Three long prompts at once must run together with no preemption. Together: some moment when
-    all three had their first token (each was admitted and prefilled) and none had ended, which the
-    client clocks show whatever the speed of the server; /metrics polling (num_requests_running) is
-    reported beside it. No preemption: vllm:num_preemptions_total unchanged."""
-    used, _ = fitting([100_000])
-    size = used[0] if used else max_model_len() - RESERVE - 24
+    """Three long prompts at once must be resident together (each admitted, prefilled and holding its
+    KV at the same moment) with no preemption. Each decodes long enough (resident_tokens: from the
+    prompt length and MAX_NUM_BATCHED_TOKENS) that on a healthy server the first is still decoding
+    when the last finishes its prefill, at any prompt/budget ratio; so all three ran together iff the
+    latest first token (client clock) came before the earliest end. A request that queued (no free
+    seat) or was preempted (no room in the pool) fails it. /metrics polling is reported beside it."""
+    size, max_tokens = resident_sizes()
     require_idle()
     before = metric("vllm:num_preemptions_total")
     with MetricsWatch() as watch, ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(lambda i: resident_needle(size, seed=3000 + i), range(3)))
+        runs = list(pool.map(lambda i: resident_needle(size, max_tokens, seed=3000 + i), range(3)))
     preempted = metric("vllm:num_preemptions_total") - before
     firsts = [r["first"] for r in runs]
     overlap = (min(r["end"] for r in runs) - max(firsts)) if None not in firsts else None
@@ -547,7 +569,8 @@ def gate_three_resident() -> tuple[bool | None, str]:
     result = ((f"all 3 running together for {overlap:.2f} s" if together else
                f"never all 3 running together (overlap {'none' if overlap is None else f'{overlap:.2f} s'})")
               + f" (most in /metrics samples: {watch.max_running():.0f}/3 of {len(watch.samples)}); "
-              f"{preempted:.0f} preemptions; prompts of {size:,} tokens; "
+              f"{preempted:.0f} preemptions; prompts of {size:,} tokens, {max_tokens} output tokens each "
+              f"(--max-num-batched-tokens {MAX_NUM_BATCHED_TOKENS}); "
               + (f"needles {NEEDS_MODEL}" if STAND_IN else f"{found}/3 needles"))
     return together and preempted == 0 and (STAND_IN or found == 3), result
 

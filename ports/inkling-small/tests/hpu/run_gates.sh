@@ -20,9 +20,10 @@ the rows that need a trained model).
           (vLLM's format: sampled token first, then the top k), prefix-cache hit vs cold
           (usage.prompt_tokens_details.cached_tokens), 16 concurrent 4K needles, over-long prompt
           -> HTTP 400, server log lines (one KV group, the pool line, decode window of 5 blocks)
-  long    needles at 200K and 250K, three 100K prompts running at once (vllm:num_requests_running
-          reaches 3, no preemption), a 250K prompt admitted beside DECODE_STREAMS decoding streams
-          (tok/s before, and during from its admission to its end)
+  long    needles at 200K and 250K, three 100K prompts resident at once (each decodes long enough,
+          from MAX_NUM_BATCHED_TOKENS, to overlap the others' prefills: the latest first token must
+          come before the earliest end; no preemption), a 250K prompt admitted beside DECODE_STREAMS
+          decoding streams (tok/s before, and during from its admission to its end)
 
 Environment:
   BASE_URL          server root, e.g. http://127.0.0.1:8000 (required)
@@ -31,6 +32,7 @@ Environment:
   SERVER_LOG        path of the server's log, for the log gate (skipped when unset)
   COOKBOOK          the cookbook inside the image, for the preflight gate (default /opt/gaudi-cookbook)
   BLOCK_SIZE        the server's --block-size, for the prefix-cache gate (default 128)
+  MAX_NUM_BATCHED_TOKENS  the server's --max-num-batched-tokens, for three-resident (default 2048)
   LOGPROB_REQUESTS  logprobs requests (default 200)
   DECODE_STREAMS    streams beside the long prompt (default 15: --max-num-seqs 16 less one)
   STREAM_WARMUP_S, STREAM_WINDOW_S   seconds before measuring the streams, and measured (30, 30)
