@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
-from inkling_hpu import models
+from inkling_hpu import model_loader, models
 
 __version__ = "0.1.0"
 
@@ -73,15 +73,17 @@ def _install_config_guard(runtime) -> None:
                 if cls._previous is not None:
                     cls._previous.verify_and_update_config(vllm_config)
                 guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=runtime))
+                model_loader.choose(vllm_config)
 
         MODELS_CONFIG_MAP[arch] = InklingHpuConfigGuard
 
 
 def register() -> None:
-    """vLLM general plugin: register Inkling's HPU model class, its guards and parsers."""
+    """vLLM general plugin: register Inkling's HPU model class, its loader, guards and parsers."""
     from inkling_hpu import guards
 
     with_gaudi = _register_vllm_gaudi_first()
+    model_loader.register()
     target = _model_target(with_gaudi)
     _register_models(target)
     # On vLLM's CPU worker, contiguous PA and merged prefill do not exist; on HPU they are read from

@@ -28,6 +28,7 @@ import importlib
 import json
 import logging
 import os
+import time
 from typing import Iterable
 
 import torch
@@ -141,9 +142,40 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
     for name in weight_table.expected_checkpoint_names(model.config, include_optional=True):
         rule, _ = weight_table.resolve(name, model.config)
         specs.append(TensorSpec(name, None, shard_dim=rule.dim if tp.size > 1 else None, optional=rule.optional))
+    rank_bytes = sum(checkpoint.text[s.name].nbytes // (tp.size if s.shard_dim is not None else 1)
+                     for s in specs if s.name in checkpoint.text)
+    progress = LoadProgress(f"rank {tp.rank} of {tp.size}", rank_bytes)
     for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size):
         weight_table.load_tensor(model, name, piece)
+        progress.add(piece.numel() * piece.element_size())
     return checkpoint
+
+
+class LoadProgress:
+    """The load's progress in the server log, per rank: at each tenth of the rank's bytes and at least
+    every PERIOD_S seconds (a 532 GB cold start takes tens of minutes), bytes read, rate, time left."""
+
+    PERIOD_S = 30.0
+
+    def __init__(self, who: str, total: int) -> None:
+        self.who, self.total, self.done = who, max(total, 1), 0
+        self.start = self.last = time.perf_counter()
+        self.next_tenth = 1
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.perf_counter()
+        tenth = self.done * 10 // self.total
+        if tenth < self.next_tenth and now - self.last < self.PERIOD_S:
+            return
+        self.next_tenth, self.last = tenth + 1, now
+        rate = self.done / max(now - self.start, 1e-9)
+        logger.info("Inkling loading, %s: %s of %s (%d%%), %s/s, about %.0f s left", self.who, _size(self.done),
+                    _size(self.total), 100 * self.done // self.total, _size(rate), (self.total - self.done) / rate)
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
 def use_gaudi_moe_op(model: InklingForCausalLM) -> int:

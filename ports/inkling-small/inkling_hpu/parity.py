@@ -51,6 +51,20 @@ DEFAULT_PARITY = {
 NON_MODEL_KEYS = ("parity", "description", "_comment")
 
 
+def write_checkpoint_config(raw_config: dict[str, Any], model_dir: Path, torch_dtype: str,
+                            max_position: int = 4096) -> Path:
+    """model_dir/config.json for a shipped config, in the checkpoint's own format (vLLM's
+    `inkling_model`). vLLM's InklingModelConfig defaults these fields to what the checkpoint does not
+    use; a real checkpoint's config states them. Returns model_dir."""
+    config = {k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS}
+    config.update(architectures=["InklingForCausalLM"], model_type="inkling_model",
+                  max_position_embeddings=max_position, torch_dtype=torch_dtype, shared_expert_sink=True,
+                  norm_after_topk=True, gate_activation="sigmoid", inference_moe_w13_interleaved=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
 # --------------------------------------------------------------------------------------------------
 # Reference model and weight conversion
 # --------------------------------------------------------------------------------------------------

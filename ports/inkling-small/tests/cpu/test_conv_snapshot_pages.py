@@ -38,12 +38,7 @@ def scenario_pages(port_dir: str) -> dict:
     from inkling_hpu.hpu_glue import HpuInklingForCausalLM
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / CONFIG).read_text())
-    model_dir = Path(tempfile.mkdtemp(prefix="inkling_pages_"))
-    config = {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}
-    config.update(architectures=["InklingForCausalLM"], model_type="inkling_model", max_position_embeddings=4096,
-                  torch_dtype="bfloat16", shared_expert_sink=True, norm_after_topk=True, gate_activation="sigmoid",
-                  inference_moe_w13_interleaved=True)
-    (model_dir / "config.json").write_text(json.dumps(config))
+    model_dir = parity.write_checkpoint_config(raw, Path(tempfile.mkdtemp(prefix="inkling_pages_")), "bfloat16")
     vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048, enable_prefix_caching=True)
     runner = builders.make_runner(vllm_config)
     from vllm_gaudi.v1.worker.hpu_model_runner import HpuModelAdapter

@@ -31,3 +31,13 @@ def test_each_rank_keeps_half_the_hidden_streams_conv_state(server):
     for rank in (0, 1):
         mine = [line for line in lines if f"(Worker_TP{rank} pid=" in line]
         assert len(mine) == 1 and "snapshots: 12288 bytes per block per rank" in mine[0], lines
+
+
+def test_each_rank_reports_its_own_load(server):
+    """Each worker reads its slabs and says so, and the load time is the port's own."""
+    import re
+
+    log = server.log.read_text()
+    for rank in (0, 1):
+        assert re.search(rf"Inkling loading, rank {rank} of 2: [0-9.]+ [MG]B of [0-9.]+ [MG]B \(100%\)", log), log[-3000:]
+    assert re.search(r"Loading weights took [0-9.]+ seconds \(the port's text-only load\)", log), log[-3000:]

@@ -8,6 +8,8 @@ so, and the long-prompt gate fails when the streams leave no room for the long p
 configurations are in test_gates_cpu_server_no_prefix_cache.py (a separate module: one server at a time)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cpu_server_helpers import assert_greedy_tokens_equal_transformers, prepared, rows, run_gates, table
@@ -49,6 +51,10 @@ def test_quick_gates_on_a_healthy_server(server):
     assert "Inkling KV cache: 1 KV group (FullAttentionSpecx4); KV pool: " in log
     assert "Inkling decode window: 5 blocks (sliding window 512, block size 128)" in log
     assert "5 vision/audio/MTP tensors left unread" in log
+    # the load's time is the port's own (vLLM's default loader would time it from boot), with progress
+    took = re.search(r"Loading weights took ([0-9.]+) seconds \(the port's text-only load\)", log)
+    assert took and float(took.group(1)) < 60, log[-3000:]
+    assert re.search(r"Inkling loading, rank 0 of 1: [0-9.]+ [MG]B of [0-9.]+ [MG]B \(100%\)", log), log[-3000:]
     # what a stand-in cannot show is skipped with the reason, never passed
     assert got["preflight"]["passed"] is None and "not inside the image" in got["preflight"]["result"]
 

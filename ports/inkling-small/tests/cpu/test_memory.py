@@ -106,13 +106,7 @@ def scenario_glue_memory_guard(port_dir: str, blocks: int) -> dict:
     from inkling_hpu.hpu_glue import HpuInklingForCausalLM
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / "tiny-block128-dense.json").read_text())
-    model_dir = Path(tempfile.mkdtemp(prefix="inkling_memory_"))
-    config = {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}
-    # vLLM's InklingModelConfig defaults these to what the checkpoint does not use; a real config states them
-    config.update(architectures=["InklingForCausalLM"], model_type="inkling_model", max_position_embeddings=4096,
-                  torch_dtype="bfloat16", shared_expert_sink=True, norm_after_topk=True, gate_activation="sigmoid",
-                  inference_moe_w13_interleaved=True)
-    (model_dir / "config.json").write_text(json.dumps(config))
+    model_dir = parity.write_checkpoint_config(raw, Path(tempfile.mkdtemp(prefix="inkling_memory_")), "bfloat16")
     vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048)
     vllm_config.cache_config.num_gpu_blocks_override = blocks
     builders.init_single_process_distributed(vllm_config)

@@ -307,14 +307,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     from inkling_hpu.hpu_glue import HpuInklingForCausalLM
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / "tiny-gqa2-mix.json").read_text())
-    model_dir = Path(tempfile.mkdtemp(prefix="inkling_e2e_"))
-    config = {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}
-    # vLLM's InklingModelConfig defaults these to what the big checkpoint does not use; a real
-    # checkpoint config states them.
-    config.update(architectures=["InklingForCausalLM"], model_type="inkling_model",
-                  max_position_embeddings=4096, torch_dtype="float32", shared_expert_sink=True,
-                  norm_after_topk=True, gate_activation="sigmoid", inference_moe_w13_interleaved=True)
-    (model_dir / "config.json").write_text(json.dumps(config))
+    model_dir = parity.write_checkpoint_config(raw, Path(tempfile.mkdtemp(prefix="inkling_e2e_")), "float32")
     reference = parity.build_reference(raw, 0, torch.float32)
     save_file({k: v.contiguous() for k, v in parity.reference_to_checkpoint(reference).items()},
               model_dir / "model.safetensors")

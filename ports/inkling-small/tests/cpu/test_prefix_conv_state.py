@@ -46,6 +46,7 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling
     from inkling_hpu.hpu_glue import HpuInklingForCausalLM, load_text_checkpoint
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / CONFIG).read_text())
+    # written here, not by parity.write_checkpoint_config: this scenario also serves the pristine port
     model_dir = Path(tempfile.mkdtemp(prefix="inkling_prefix_"))
     config = {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}
     config.update(architectures=["InklingForCausalLM"], model_type="inkling_model",
