@@ -153,6 +153,28 @@ def check(settings: ServingSettings) -> None:
             "configuration.\n- " + "\n- ".join(reasons))
 
 
+def tensor_parallel_refusal(config: Any, tp_size: int) -> str | None:
+    """What a tensor-parallel size cannot split, in the expected-vs-found form, or None. `config` is an
+    InklingPortConfig. KV heads are never replicated (their conv state is per head), and the hidden
+    streams, the expert and dense widths and the vocabulary rows split evenly."""
+    layers = range(config.num_hidden_layers)
+    dims = {"query heads": {config.attention_shape(i)[0] for i in layers},
+            "KV heads": {config.attention_shape(i)[1] for i in layers},
+            "hidden channels": {config.hidden_size}, "vocabulary rows": {config.vocab_rows}}
+    if any(config.dense_layers):
+        dims["dense MLP width"] = {config.dense_intermediate_size}
+    if not all(config.dense_layers):
+        dims["expert width"] = {config.moe_intermediate_size}
+    uneven = {what: sorted(sizes) for what, sizes in dims.items() if any(size % tp_size for size in sizes)}
+    if not uneven:
+        return None
+    fits = [n for n in range(1, max(min(s) for s in dims.values()) + 1)
+            if all(size % n == 0 for sizes in dims.values() for size in sizes)]
+    found = "; ".join(f"{what} {', '.join(map(str, sizes))}" for what, sizes in uneven.items())
+    return (f"--tensor-parallel-size: expected a size that divides every split dimension, found {tp_size}, which "
+            f"does not divide the {found}. Sizes this model splits over: {', '.join(map(str, fits))}.")
+
+
 def kv_pool_refusal(num_blocks: int, block_size: int, max_model_len: int) -> str | None:
     """The memory guard: the pool must hold one max-length request.
 

@@ -75,6 +75,10 @@ class InklingPortConfig:
                 raise InklingConfigError(f"config field {name!r} is required; found none")
             return raw[name]
 
+        def optional(name: str, default):
+            """A field a config may leave out or state as null (vLLM's config objects list every field)."""
+            return default if raw.get(name) is None else raw[name]
+
         num_layers = int(need("num_hidden_layers"))
         num_heads = int(need("num_attention_heads"))
         num_kv = int(raw.get("num_key_value_heads") or num_heads)
@@ -116,19 +120,19 @@ class InklingPortConfig:
             rel_extent=int(need("rel_extent")),
             log_scaling_n_floor=(None if raw.get("log_scaling_n_floor") is None
                                  else int(raw["log_scaling_n_floor"])),
-            log_scaling_alpha=float(raw.get("log_scaling_alpha", 0.1)),
+            log_scaling_alpha=float(optional("log_scaling_alpha", 0.1)),
             local_layers=local_layers,
             dense_layers=dense_layers,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(optional("rms_norm_eps", 1e-6)),
             conv_kernel_size=int(raw.get("sconv_kernel_size") or raw.get("conv_kernel_size") or 4),
             dense_intermediate_size=dense_width,
             moe_intermediate_size=moe_width,
             n_routed_experts=int(raw.get("n_routed_experts", 0) or 0),
             n_shared_experts=int(raw.get("n_shared_experts", 0) or 0),
             num_experts_per_tok=int(raw.get("num_experts_per_tok", 0) or 0),
-            route_scale=float(raw.get("route_scale", 1.0)),
-            logits_mup_width_multiplier=float(raw.get("logits_mup_width_multiplier", 1.0)),
-            use_embed_norm=bool(raw.get("use_embed_norm", True)),
+            route_scale=float(optional("route_scale", 1.0)),
+            logits_mup_width_multiplier=float(optional("logits_mup_width_multiplier", 1.0)),
+            use_embed_norm=bool(optional("use_embed_norm", True)),
             extra=raw,
         )
         config._validate()

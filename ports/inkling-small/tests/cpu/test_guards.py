@@ -152,3 +152,18 @@ def test_pages_patch_missing_names_expected_and_found():
     assert "expected the port's runner patch conv-snapshot-pages (profile inkling-small-port), found decode-window" \
         in guards.pages_patch_missing(old)
     assert "found no port patch" in guards.pages_patch_missing({})
+
+
+def test_tensor_parallel_sizes_the_model_cannot_split_are_refused():
+    import json
+
+    from inkling_hpu import memory
+    from inkling_hpu.model import InklingPortConfig
+
+    real = InklingPortConfig.from_dict(json.loads(memory.REAL_CONFIG.read_text()))
+    assert guards.tensor_parallel_refusal(real, 8) is None
+    refusal = guards.tensor_parallel_refusal(real, 16)
+    assert refusal == ("--tensor-parallel-size: expected a size that divides every split dimension, found 16, "
+                       "which does not divide the KV heads 8. Sizes this model splits over: 1, 2, 4, 8.")
+    assert "found 3, which does not divide the query heads 32; KV heads 8; hidden channels 4096" in \
+        guards.tensor_parallel_refusal(real, 3)

@@ -151,7 +151,8 @@ def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp
         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "local_layer_ids": [0], "sliding_window_size": 512, "rel_extent": 64,
         "intermediate_size": 32, "dense_intermediate_size": 128, "dense_mlp_idx": 2,
-        "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "shared_expert_sink": True,
+        "norm_after_topk": True, "gate_activation": "sigmoid", "inference_moe_w13_interleaved": True}))
     out = _run(installed, vllm_src, f"""
         import json
         from vllm.engine.arg_utils import EngineArgs
@@ -160,7 +161,8 @@ def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp
         results = {{}}
         cases = {{"block_64": dict(block_size=64),
                   "fp8_kv": dict(block_size=128, kv_cache_dtype="fp8"),
-                  "small_pool": dict(block_size=128, num_gpu_blocks_override=16)}}
+                  "small_pool": dict(block_size=128, num_gpu_blocks_override=16),
+                  "tp_4": dict(block_size=128, tensor_parallel_size=4)}}
         for name, kwargs in cases.items():
             args = EngineArgs(model={str(model_dir)!r}, skip_tokenizer_init=True, max_model_len=4096,
                               enforce_eager=True, **kwargs)
@@ -176,6 +178,9 @@ def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp
     assert "expected --block-size 128, found 64" in out["block_64"]
     assert "expected auto or bfloat16, found fp8" in out["fp8_kv"], out["fp8_kv"]
     assert "expected at least 33 blocks (4096 tokens" in out["small_pool"], out["small_pool"]
+    # 2 KV heads cannot be split over 4 ranks: refused once, while the config is built, before any worker
+    assert ("--tensor-parallel-size: expected a size that divides every split dimension, found 4, which does "
+            "not divide the KV heads 2. Sizes this model splits over: 1, 2.") in out["tp_4"], out["tp_4"]
 
 
 # --- hpu_glue on vllm-gaudi's real runner metadata -------------------------------------------------
