@@ -231,7 +231,10 @@ def recover(roots, legacy_roots=()) -> tuple[list[str], list[str]]:
                     if _try_lock(other, stack, wait=False):
                         _discard(theirs)
                     else:  # its holder recovers it, and must see the run committed
-                        _mark_committed(theirs)
+                        try:
+                            _mark_committed(theirs)
+                        except FileNotFoundError:
+                            pass  # its holder has just finished it
                     finished.append(str(other))
             _discard(journal)
             finished.append(str(root))
