@@ -199,7 +199,7 @@ def run(profile: Profile, roots: dict[str, Path], opt_ins: list[str], mode: Mode
         for index, series in enumerate(passes):
             this = RunReport(profile=profile.name, mode=mode, scope=report.scope) if index else report
             try:
-                _run_locked(profile, roots, series, mode, strict, check_pin, this)
+                _run_locked(profile, roots, packages, series, mode, strict, check_pin, this)
             except (FixRefused, BaseMismatch) as exc:
                 this.refuse(exc.exit_code, str(exc))
             if index:
@@ -246,8 +246,9 @@ def _identify(profile: Profile, roots: dict[str, Path], report: RunReport, check
             for t in mismatched) + "; nothing was written")
 
 
-def _run_locked(profile: Profile, roots: dict[str, Path], fixes: list[Fix], mode: Mode, strict: bool,
-                check_pin: bool, report: RunReport) -> None:
+def _run_locked(profile: Profile, roots: dict[str, Path], packages: list[Path], fixes: list[Fix], mode: Mode,
+                strict: bool, check_pin: bool, report: RunReport) -> None:
+    """One pass of the series under the packages' locks (`packages`: their directories, as run() locked them)."""
     scope = set(roots)
     _identify(profile, roots, report, check_pin)
 
@@ -300,7 +301,7 @@ def _run_locked(profile: Profile, roots: dict[str, Path], fixes: list[Fix], mode
             changes.update(_stamp_changes(profile, report, roots, revert=(mode == Mode.REVERT)))
         journal.check_writable(changes)
         if mode.writes and changes:
-            journal.commit(_package_dirs(profile, roots), changes)
+            journal.commit(packages, changes)
             report.written = sorted(str(p) for p in changes)
             report.stamps = [str(p) for p in changes if p.name == stamp.NAME and changes[p] is not None]
     except FixRefused:

@@ -111,13 +111,18 @@ def _device_memory_bytes() -> int | None:
     return int(hpu.mem_get_info()[1]) if hpu is not None and hasattr(hpu, "mem_get_info") else None
 
 
+def kv_shapes(model: InklingForCausalLM) -> list[tuple[int, int]]:
+    """(KV heads on this rank, head dim) of each layer: what the guards' byte arithmetic takes."""
+    return [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in model.model.layers]
+
+
 def memory_plan(vllm_config, model: InklingForCausalLM, block_size: int, device_bytes: int,
                 environ=os.environ) -> guards.MemoryPlan:
     """This rank's memory plan: the model's own parameter bytes, the pool of --num-gpu-blocks-override
     pages (none set: vllm-gaudi sizes the pool within its budget, so only the weights are checked), and
     vllm-gaudi's budget arithmetic (hpu_worker.determine_available_memory)."""
     dtype_bytes = torch.empty(0, dtype=model.dtype).element_size()
-    shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in model.model.layers]
+    shapes = kv_shapes(model)
     eager = vllm_config.model_config.enforce_eager
     return guards.MemoryPlan(
         device_bytes=device_bytes,
@@ -408,9 +413,8 @@ class HpuInklingForCausalLM(nn.Module):
         self._logged_kv_line = True
 
     def _log_conv_snapshots(self, num_blocks: int) -> None:
-        shapes = [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in self.inkling.model.layers]
         logger.info("Inkling %s", guards.conv_snapshot_line(
-            shapes, self.config.hidden_size // self.tp.size, self.config.conv_kernel_size, self.block_size,
+            kv_shapes(self.inkling), self.config.hidden_size // self.tp.size, self.config.conv_kernel_size, self.block_size,
             torch.empty(0, dtype=self.inkling.dtype).element_size(), num_blocks))
         missing = guards.pages_patch_missing(_vllm_gaudi_stamp())
         if missing:

@@ -88,13 +88,13 @@ def check_kv_layout() -> tuple[str, str]:
     block, max_model_len = int(flags["block-size"]), int(flags["max-model-len"])
     config = InklingPortConfig.from_dict(json.loads((PORT / "configs" / "inkling-small" / "config.json").read_text()))
     per_rank = memory.rank_bytes(config, tp)
+    page = (per_rank.kv_per_block + per_rank.conv_per_block) // config.num_hidden_layers   # K/V + snapshots
     specs = {}
     for i in range(config.num_hidden_layers):
         _, kv_heads, head_dim = config.attention_shape(i)
-        spec = FullAttentionSpec(block_size=block, num_kv_heads=kv_heads // tp, head_size=head_dim, dtype=torch.bfloat16)
         specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
             block_size=block, num_kv_heads=kv_heads // tp, head_size=head_dim, dtype=torch.bfloat16,
-            page_size_padded=spec.page_size_bytes + per_rank.conv_per_block // config.num_hidden_layers)
+            page_size_padded=page)
     if not is_kv_cache_spec_uniform(specs):
         return "fail", "the layers' KV specs do not merge into one group"
     groups = create_kv_cache_group_specs(specs, [list(specs)])

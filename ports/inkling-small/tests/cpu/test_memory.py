@@ -5,13 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from inkling_hpu import guards, memory
 from inkling_hpu.model import InklingPortConfig
+from recipes.launch import load_recipe, serve_flags
 
-REPO = Path(__file__).resolve().parents[4]
-RECIPE = REPO / "recipes" / "thinkingmachines" / "Inkling-Small" / "recipe.yaml"
 
 
 def real_config() -> InklingPortConfig:
@@ -57,8 +55,8 @@ def test_weights_per_rank_from_a_meta_build_match_the_checkpoint_index():
 
 
 def _page_launch() -> dict:
-    recipe = yaml.safe_load(RECIPE.read_text())
-    flags = dict(arg.lstrip("-").split("=", 1) for arg in recipe["serve"] if arg.startswith("--") and "=" in arg)
+    recipe = load_recipe()
+    flags = serve_flags(recipe)
     return {"tp": int(flags["tensor-parallel-size"]), "blocks": int(flags["num-gpu-blocks-override"]),
             "max_model_len": int(flags["max-model-len"]),
             "gpu_memory_utilization": float(flags["gpu-memory-utilization"]),
