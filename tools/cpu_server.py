@@ -4,8 +4,12 @@ on a free loopback port, with bounded start-up and shutdown.
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
-    python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N]    # until Ctrl-C
-    python3 -m tools.cpu_server gates [quick|long] [--no-prefix-caching] [run_gates.sh args: --only, --json]
+    python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N] [--tp N] [--pp N]   # until Ctrl-C
+    python3 -m tools.cpu_server gates [quick|long] [--no-prefix-caching] [--tp N] [--pp N] [run_gates.sh args]
+
+--tp / --pp (--tensor-parallel-size / --pipeline-parallel-size) run that many vLLM worker processes per
+stage and stages (the mp executor, gloo): the port's tensor and pipeline parallel through vLLM's own
+executor, as the page's TP 8 (and the two-node TP 8 x PP 2) run it on Gaudi.
 
 From the repository root, with the test venv's python (tools/test_env.sh: the fix-pack library needs its packages); the
 server itself runs in tools/server_env.sh's venv. The server's flags are the recipe's `cpu-variant`
@@ -217,14 +221,24 @@ def gate_env(server: CpuServer) -> dict:
     return {**env, "MAX_NUM_BATCHED_TOKENS": budget} if budget else env
 
 
+def parallel_args(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> list[str]:
+    """vLLM's flags for the parallel sizes (none at 1 x 1: the recipe's CPU variant as it is)."""
+    args = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel != 1 else []
+    return args + (["--pipeline-parallel-size", str(pipeline_parallel)] if pipeline_parallel != 1 else [])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="cpu_server.py", description="vLLM 0.30.0 CPU server on the tiny stand-in")
     parser.add_argument("command", choices=["serve", "gates"])
     parser.add_argument("mode", nargs="?", default="quick", choices=["quick", "long"])
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--port", type=int)
+    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
+                        help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
+    parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
     args, gate_args = parser.parse_known_args(argv)   # the rest goes to run_gates.sh
-    extra = ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
+    extra = parallel_args(args.tensor_parallel_size, args.pipeline_parallel_size)
+    extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
     server = prepared(log, extra, args.port)
     with server:

@@ -73,20 +73,22 @@ def _install_config_guard(runtime) -> None:
                 if cls._previous is not None:
                     cls._previous.verify_and_update_config(vllm_config)
                 guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=runtime))
-                _check_tensor_parallel(vllm_config)
+                _check_parallel_sizes(vllm_config)
                 model_loader.choose(vllm_config)
 
         MODELS_CONFIG_MAP[arch] = InklingHpuConfigGuard
 
 
-def _check_tensor_parallel(vllm_config) -> None:
-    """Refuse, once and in the API server, a tensor-parallel size the model cannot split (each worker
-    would otherwise fail building its layers)."""
+def _check_parallel_sizes(vllm_config) -> None:
+    """Refuse, once and in the API server, a tensor-parallel size the model cannot split or more pipeline
+    stages than layers (each worker would otherwise fail building its layers)."""
     from inkling_hpu import guards
     from inkling_hpu.model.config import InklingPortConfig
 
     config = InklingPortConfig.from_object(vllm_config.model_config.hf_config)
-    refusal = guards.tensor_parallel_refusal(config, vllm_config.parallel_config.tensor_parallel_size)
+    parallel = vllm_config.parallel_config
+    refusal = (guards.tensor_parallel_refusal(config, parallel.tensor_parallel_size)
+               or guards.pipeline_parallel_refusal(config, parallel.pipeline_parallel_size))
     if refusal:
         raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
 

@@ -79,13 +79,21 @@ class CpuInklingForCausalLM(HpuInklingForCausalLM):
     def _holder_class(self):
         return _paged_conv_attention()
 
-    def kv_cache_config_ready(self, kv_cache_config) -> None:
+    def _check_pipeline_runner(self, pp_size: int) -> None:
+        """vLLM's own runner hands the stages' activations over (send/recv of IntermediateTensors)."""
+
+    def kv_cache_config_ready(self, kv_cache_config, runner=None) -> None:
+        if runner is not None and not self.stage.first and runner.intermediate_tensors is None:
+            # vLLM's runner allocates a later stage's receive buffer only in its warm-up dummy run, which
+            # the CPU worker skips under --enforce-eager: without it the first step fails an assertion.
+            runner.intermediate_tensors = self.make_empty_intermediate_tensors(
+                batch_size=runner.max_num_tokens, dtype=self.inkling.dtype, device=runner.device)
         if kv_cache_config.needs_kv_cache_zeroing:
             # vLLM would zero new blocks by its own page layout, which is not the glue's.
             raise guards.InklingConfigRefused(
                 "Inkling-Small refuses to start: the KV cache config asks the CPU runner to zero new blocks; "
                 "expected one uniform full-attention group, which needs no zeroing")
-        super().kv_cache_config_ready(kv_cache_config)
+        super().kv_cache_config_ready(kv_cache_config, runner)
         if self.inkling.knobs.decode_window_plus1:   # the model's windowed decode plan (attention_plan.py)
             window = self.config.sliding_window_size
             blocks = -(-(window - 1) // self.block_size) + 1
@@ -95,7 +103,7 @@ class CpuInklingForCausalLM(HpuInklingForCausalLM):
     # --- caches ---------------------------------------------------------------------------------
     def _caches(self) -> tuple[InklingCaches, int]:
         if self._layer_caches is None:
-            self._layer_caches = [self._page_views(i, holder) for i, holder in enumerate(self.kv_holders)]
+            self._layer_caches = [self._page_views(i, holder) for i, holder in zip(self.stage.layer_ids, self.kv_holders)]
             if not self._logged_kv_line:
                 logger.warning("Inkling: the runner's KVCacheConfig was not seen at start-up; the KV group and "
                                "pool lines were not logged")
@@ -136,5 +144,5 @@ class CpuInklingForCausalLM(HpuInklingForCausalLM):
 
         meta = get_forward_context().attn_metadata
         if not meta:   # a dummy run before the KV cache exists (profiling): nothing to attend
-            return torch.zeros(input_ids.shape[0], self.config.hidden_size, dtype=self.inkling.dtype)
+            return self._stage_output(torch.zeros(input_ids.shape[0], self.config.hidden_size, dtype=self.inkling.dtype))
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)

@@ -175,6 +175,14 @@ def tensor_parallel_refusal(config: Any, tp_size: int) -> str | None:
             f"does not divide the {found}. Sizes this model splits over: {', '.join(map(str, fits))}.")
 
 
+def pipeline_parallel_refusal(config: Any, pp_size: int) -> str | None:
+    """A pipeline-parallel size that would leave a stage without a decoder layer, or None."""
+    if pp_size <= config.num_hidden_layers:
+        return None
+    return (f"--pipeline-parallel-size: expected at most one stage per decoder layer ({config.num_hidden_layers}), "
+            f"found {pp_size}")
+
+
 def kv_pool_refusal(num_blocks: int, block_size: int, max_model_len: int) -> str | None:
     """The memory guard: the pool must hold one max-length request.
 

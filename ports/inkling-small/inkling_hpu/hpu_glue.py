@@ -36,7 +36,7 @@ from torch import nn
 
 from inkling_hpu import guards
 from inkling_hpu.loader import TensorSpec, TextCheckpoint
-from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, TensorParallel
+from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, PipelineStage, TensorParallel
 from inkling_hpu.model.metadata import AttentionGroup, FlatDecodeGroup, StepMetadata
 from inkling_hpu.model import weights as weight_table
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
@@ -63,7 +63,7 @@ def observe_kv_cache_config(module: str, runner: str) -> None:
             while model is not None and not hasattr(model, "kv_cache_config_ready"):
                 model = getattr(model, "model", None)     # HpuModelAdapter wraps the model class
             if model is not None:
-                model.kv_cache_config_ready(kv_cache_config)
+                model.kv_cache_config_ready(kv_cache_config, runner=self)
         return result
 
     initialize_kv_cache.inkling_observer = True
@@ -80,6 +80,17 @@ def _rank_and_collectives() -> TensorParallel:
     return TensorParallel(rank=get_tensor_model_parallel_rank(), size=size,
                           all_gather_last_dim=lambda t: tensor_model_parallel_all_gather(t, dim=-1),
                           reduce_scatter_last_dim=lambda t: tensor_model_parallel_reduce_scatter(t, dim=-1))
+
+
+def _pipeline_stage(num_layers: int) -> PipelineStage:
+    """This worker's pipeline stage: the layers vLLM's get_pp_indices gives its rank (VLLM_PP_LAYER_PARTITION
+    included), as vLLM's own models split them."""
+    from vllm.distributed import get_pp_group
+    from vllm.distributed.utils import get_pp_indices
+
+    group = get_pp_group()
+    start, end = get_pp_indices(num_layers, group.rank_in_group, group.world_size)
+    return PipelineStage(start, end, first=group.is_first_rank, last=group.is_last_rank)
 
 
 def _gaudi_runtime_config():
@@ -113,7 +124,7 @@ def _device_memory_bytes() -> int | None:
 
 def kv_shapes(model: InklingForCausalLM) -> list[tuple[int, int]]:
     """(KV heads on this rank, head dim) of each layer: what the guards' byte arithmetic takes."""
-    return [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in model.model.layers]
+    return [(layer.self_attn.num_key_value_heads, layer.self_attn.head_dim) for layer in model.model.stage_layers]
 
 
 def memory_plan(vllm_config, model: InklingForCausalLM, block_size: int, device_bytes: int,
@@ -142,18 +153,27 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
     model's name table), which is then loaded as a one-rank tensor. Every required tensor must be
     present and every text tensor must be expected, or CheckpointError names what differs."""
     checkpoint = TextCheckpoint(checkpoint_dir)
-    tp = model.tp
+    tp, stage = model.tp, model.stage
+    # the whole model's tensors must match the checkpoint's, though a pipeline stage reads only its own
+    checkpoint.refuse_unexpected(weight_table.expected_checkpoint_names(model.config, include_optional=True))
     specs = []
-    for name in weight_table.expected_checkpoint_names(model.config, include_optional=True):
+    for name in weight_table.expected_checkpoint_names(model.config, include_optional=True, stage=stage):
         rule, _ = weight_table.resolve(name, model.config)
         specs.append(TensorSpec(name, None, shard_dim=rule.dim if tp.size > 1 else None, optional=rule.optional))
     rank_bytes = sum(checkpoint.text[s.name].nbytes // (tp.size if s.shard_dim is not None else 1)
                      for s in specs if s.name in checkpoint.text)
-    progress = LoadProgress(f"rank {tp.rank} of {tp.size}", rank_bytes)
-    for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size):
+    progress = LoadProgress(worker_name(model), rank_bytes)
+    for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size, allow_unexpected=True):
         weight_table.load_tensor(model, name, piece)
         progress.add(piece.numel() * piece.element_size())
     return checkpoint
+
+
+def worker_name(model: InklingForCausalLM) -> str:
+    """"rank r of n" (tensor parallel), with the pipeline stage's layers when the model is split in stages."""
+    stage, name = model.stage, f"rank {model.tp.rank} of {model.tp.size}"
+    whole = stage.first and stage.last
+    return name if whole else f"{name}, stage of layers {stage.start}..{stage.end - 1}"
 
 
 class LoadProgress:
@@ -197,7 +217,7 @@ def use_gaudi_moe_op(model: InklingForCausalLM) -> int:
     from vllm_gaudi.extension.ops import VllmMixtureOfExpertsOp
 
     layers = 0
-    for layer in model.model.layers:
+    for layer in model.model.stage_layers:
         experts = getattr(layer.mlp, "experts", None)
         if experts is None:
             continue
@@ -357,14 +377,17 @@ class HpuInklingForCausalLM(nn.Module):
     """vLLM model class for Inkling on HPU: forward(input_ids, positions) -> hidden states."""
 
     RUNNER = ("vllm_gaudi.v1.worker.hpu_model_runner", "HPUModelRunner")   # (module, class) that builds it
+    supports_pp = True      # vLLM's SupportsPP: stages of layers, hidden states handed between them
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__()
         guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=self._runtime_config()))
         self.vllm_config = vllm_config
         self.config = InklingPortConfig.from_object(vllm_config.model_config.hf_config)
+        self._check_pipeline_runner(vllm_config.parallel_config.pipeline_parallel_size)
         self.tp = _rank_and_collectives()
-        self.inkling = InklingForCausalLM(self.config, tp=self.tp)
+        self.inkling = InklingForCausalLM(self.config, tp=self.tp, stage=_pipeline_stage(self.config.num_hidden_layers))
+        self.stage = self.inkling.stage
         self.inkling.cast(vllm_config.model_config.dtype)
         self.block_size = vllm_config.cache_config.block_size
         # One vLLM Attention per layer: it only holds the layer's KV cache (never called). Each
@@ -373,14 +396,20 @@ class HpuInklingForCausalLM(nn.Module):
         self.kv_holders = nn.ModuleList()
         dtype_bytes = torch.empty(0, dtype=self.inkling.dtype).element_size()
         taps = self.config.conv_kernel_size - 1
-        for i, layer in enumerate(self.inkling.model.layers):
-            attn = layer.self_attn
+        for i in self.stage.layer_ids:     # this stage's layers, under their global names
+            attn = self.inkling.model.layers[i].self_attn
             holder = self._holder_class()(
                 num_heads=attn.num_heads, head_size=attn.head_dim, scale=1.0 / attn.head_dim,
                 num_kv_heads=attn.num_key_value_heads, cache_config=vllm_config.cache_config,
                 prefix=f"{prefix}model.layers.{i}.self_attn.attn")
             holder.extra_bytes_per_block = taps * sum(self.inkling.conv_channels(i).values()) * dtype_bytes
             self.kv_holders.append(holder)
+        if not (self.stage.first and self.stage.last):
+            logger.info("Inkling pipeline stage: layers %d..%d of %d%s (TP rank %d of %d)", self.stage.start,
+                        self.stage.end - 1, self.config.num_hidden_layers,
+                        "".join(part for part, held in ((", the embedding", self.stage.first),
+                                                        (", the final norm and the head", self.stage.last)) if held),
+                        self.tp.rank, self.tp.size)
         device_bytes = _device_memory_bytes()
         if device_bytes is not None:      # the byte-level guard, before any weight is read
             plan = memory_plan(vllm_config, self.inkling, self.block_size, device_bytes)
@@ -398,12 +427,25 @@ class HpuInklingForCausalLM(nn.Module):
     def _runtime_config(self):
         return _gaudi_runtime_config()
 
+    def _check_pipeline_runner(self, pp_size: int) -> None:
+        """vllm-gaudi's HPU runner hands activations between stages only from its PR #1634 on (absent at the
+        page's 091bbadd): without it each stage would run as if it were the whole model."""
+        if pp_size == 1:
+            return
+        runner = getattr(importlib.import_module(self.RUNNER[0]), self.RUNNER[1])
+        if not hasattr(runner, "_pp_recv_intermediate_tensors"):
+            raise guards.InklingConfigRefused(
+                f"Inkling-Small refuses to start: --pipeline-parallel-size {pp_size}: expected a vllm-gaudi whose HPU "
+                f"model runner sends and receives the stages' activations (HPUModelRunner._pp_recv_intermediate_tensors, "
+                f"vllm-gaudi PR #1634), found {self.RUNNER[0]}.{self.RUNNER[1]} without it. Serve at pipeline-parallel "
+                f"size 1 or on a vllm-gaudi that carries it.")
+
     def _holder_class(self):
         from vllm.model_executor.layers.attention import Attention
 
         return Attention
 
-    def kv_cache_config_ready(self, kv_cache_config) -> None:
+    def kv_cache_config_ready(self, kv_cache_config, runner=None) -> None:
         """The KVCacheConfig the runner allocated, at start-up: refuse what the port cannot serve (one
         full-attention group at block 128, a pool that holds one max-length request) and log the KV
         group, the pool line and the conv-snapshot line from it."""
@@ -452,7 +494,7 @@ class HpuInklingForCausalLM(nn.Module):
         and its conv state in the holder's `extra_block_state`, the bytes the layer's page was padded
         with (patch conv-snapshot-pages). Nothing is allocated here."""
         layers, pad_block = [], None
-        for i, holder in enumerate(self.kv_holders):
+        for i, holder in zip(self.stage.layer_ids, self.kv_holders):
             cache = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
             key, value = cache[0], cache[1]
             blocks_with_pad = key.shape[0] // self.block_size     # vllm-gaudi's pad block is the last one
@@ -505,13 +547,33 @@ class HpuInklingForCausalLM(nn.Module):
                                     block_size=self.block_size, pad_block=pad_block, taps=taps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
-                inputs_embeds=None, **kwargs) -> torch.Tensor:
+                inputs_embeds=None, **kwargs):
+        """Hidden states, one row per input token in input order, shaped as input_ids; on a stage before the
+        last, vLLM's IntermediateTensors holding them for the next stage (which passes them back in
+        `intermediate_tensors`, the same shape)."""
         from vllm.forward_context import get_forward_context
 
         caches, pad_block = self._caches()
         step = self.step_metadata(input_ids, positions, get_forward_context().attn_metadata, pad_block)
-        hidden = self.inkling(step, caches)                # one row per input token, in input order
-        return hidden.view(*input_ids.shape, -1)
+        previous = None
+        if intermediate_tensors is not None:
+            previous = intermediate_tensors["hidden_states"].reshape(-1, self.config.hidden_size)
+        hidden = self.inkling(step, caches, previous)
+        return self._stage_output(hidden.view(*input_ids.shape, -1))
+
+    def _stage_output(self, hidden: torch.Tensor):
+        if self.stage.last:
+            return hidden
+        from vllm.sequence import IntermediateTensors
+
+        return IntermediateTensors({"hidden_states": hidden})
+
+    def make_empty_intermediate_tensors(self, batch_size: int, dtype: torch.dtype, device: torch.device):
+        """What a stage after the first receives: [tokens, hidden] (vLLM's runners reshape to the input's shape)."""
+        from vllm.sequence import IntermediateTensors
+
+        return IntermediateTensors({"hidden_states": torch.zeros(batch_size, self.config.hidden_size, dtype=dtype,
+                                                                 device=device)})
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.inkling.compute_logits(hidden_states)

@@ -256,6 +256,13 @@ class TextCheckpoint:
         rank_file = TextCheckpoint(directory / f"rank-{rank}")
         yield from rank_file.load(rank_specs, allow_unexpected=True, direct=direct)
 
+    def refuse_unexpected(self, expected: Iterable[str]) -> None:
+        """CheckpointError when the checkpoint holds a text tensor the model does not expect."""
+        extra = sorted(set(self.text) - set(expected))
+        if extra:
+            raise CheckpointError(f"{self.dir}: {len(extra)} text tensors the model does not expect, "
+                                  f"e.g. {extra[:5]}: the config does not match the checkpoint")
+
     def load(self, specs: Iterable[TensorSpec] | None = None, rank: int = 0, world_size: int = 1,
              allow_unexpected: bool = False, direct: bool | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (checkpoint name, tensor) for the rank, in file order.
@@ -277,11 +284,7 @@ class TextCheckpoint:
             specs = list(specs)
             plan = [(self.entry(s), s) for s in specs if not (s.optional and s.name not in self.text)]
             if not allow_unexpected:
-                asked = {s.name for s in specs}
-                extra = sorted(set(self.text) - asked)
-                if extra:
-                    raise CheckpointError(f"{self.dir}: {len(extra)} text tensors the model does not expect, "
-                                          f"e.g. {extra[:5]}: the config does not match the checkpoint")
+                self.refuse_unexpected(s.name for s in specs)
         if specs is not None and world_size > 1:
             presharded = self._presharded(world_size)
             if presharded is not None:

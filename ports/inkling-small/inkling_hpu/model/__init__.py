@@ -14,10 +14,12 @@ from inkling_hpu.model.modeling import (
     InklingCaches,
     InklingDecoderLayer,
     InklingForCausalLM,
+    PipelineStage,
     TensorParallel,
 )
 
 __all__ = [
     "KNOBS", "Knobs", "read_knobs", "InklingConfigError", "InklingPortConfig", "RequestChunk", "StepMetadata",
-    "build_step_metadata", "InklingCaches", "InklingDecoderLayer", "InklingForCausalLM", "TensorParallel",
+    "build_step_metadata", "InklingCaches", "InklingDecoderLayer", "InklingForCausalLM", "PipelineStage",
+    "TensorParallel",
 ]

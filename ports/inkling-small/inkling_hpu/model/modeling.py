@@ -56,6 +56,33 @@ class TensorParallel:
         return hidden_states.narrow(-1, self.rank * width, width) if self.size > 1 else hidden_states
 
 
+@dataclass(frozen=True)
+class PipelineStage:
+    """The layers [start, end) this pipeline stage holds (vLLM's get_pp_indices split), and whether it
+    is the first stage (it embeds the tokens) and the last (it holds the final norm and the head)."""
+
+    start: int
+    end: int
+    first: bool = True
+    last: bool = True
+
+    @classmethod
+    def whole(cls, num_layers: int) -> "PipelineStage":
+        return cls(0, num_layers)
+
+    @property
+    def layer_ids(self) -> range:
+        return range(self.start, self.end)
+
+
+class MissingLayer(nn.Module):
+    """What another pipeline stage holds (as vLLM's PPMissingLayer): no parameters, never called, so
+    `model.layers.{i}` keeps the checkpoint's global layer numbering on every stage."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("this pipeline stage does not hold the layer")
+
+
 def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor) -> None:
     """Write each token's row at its slot (block * block_size + offset) of a [blocks, block_size, ...] cache.
 
@@ -519,45 +546,66 @@ class InklingDecoderLayer(nn.Module):
 
 
 class InklingModel(nn.Module):
-    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs) -> None:
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs, stage: PipelineStage) -> None:
         super().__init__()
         self.config = config
         self.knobs = knobs
+        self.stage = stage
         self.embed_tokens = InklingNormedEmbedding(config.vocab_rows, config.hidden_size, config.rms_norm_eps,
-                                                   config.use_embed_norm)
+                                                   config.use_embed_norm) if stage.first else MissingLayer()
         self.layers = nn.ModuleList(
-            InklingDecoderLayer(config, i, tp, knobs) for i in range(config.num_hidden_layers))
-        self.norm = InklingRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            InklingDecoderLayer(config, i, tp, knobs) if i in stage.layer_ids else MissingLayer()
+            for i in range(config.num_hidden_layers))
+        self.norm = InklingRMSNorm(config.hidden_size, eps=config.rms_norm_eps) if stage.last else MissingLayer()
 
-    def forward(self, meta: StepMetadata, caches: InklingCaches) -> torch.Tensor:
+    @property
+    def stage_layers(self) -> list["InklingDecoderLayer"]:
+        """This stage's decoder layers, in order (caches.layers follows the same order)."""
+        return [self.layers[i] for i in self.stage.layer_ids]
+
+    def forward(self, meta: StepMetadata, caches: InklingCaches,
+                hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        """`hidden_states`: the previous stage's output rows (one per token of meta.input_ids), on every
+        stage but the first. Returns the next stage's input, or the normed hidden states on the last."""
         if caches.block_size != meta.block_size:
             raise ValueError(f"metadata block size {meta.block_size} != cache block size {caches.block_size}")
-        hidden_states = self.embed_tokens(meta.input_ids)
+        if self.stage.first == (hidden_states is not None):
+            raise ValueError("the first pipeline stage embeds the tokens; every other stage takes the previous "
+                             f"stage's hidden states (stage of layers {self.stage.start}..{self.stage.end - 1})")
+        if self.stage.first:
+            hidden_states = self.embed_tokens(meta.input_ids)
+        layers = self.stage_layers
         hoisted: dict[AttentionKind, list] = {}
         if self.knobs.step_hoist:   # INKLING_STEP_HOIST: one plan per layer kind for the whole step
-            for layer in self.layers:
+            for layer in layers:
                 kind = layer.self_attn.kind
                 if kind not in hoisted:
                     hoisted[kind] = plan_step(meta.groups, kind, meta.block_size, self.knobs)
-        for layer, cache in zip(self.layers, caches.layers):
+        for layer, cache in zip(layers, caches.layers, strict=True):
             hidden_states = layer(hidden_states, meta, cache, hoisted.get(layer.self_attn.kind))
-        return self.norm(hidden_states)
+        return self.norm(hidden_states) if self.stage.last else hidden_states
 
 
 class InklingForCausalLM(nn.Module):
-    """The text model: forward(meta, caches) -> hidden states; compute_logits(hidden) -> logits."""
+    """The text model: forward(meta, caches) -> hidden states; compute_logits(hidden) -> logits. Under
+    pipeline parallel (`stage`), it holds its stage's layers only: the first stage the embedding, the
+    last the final norm and the head."""
 
     def __init__(self, config: InklingPortConfig, *, tp: TensorParallel | None = None,
-                 knobs: Knobs | None = None) -> None:
+                 knobs: Knobs | None = None, stage: PipelineStage | None = None) -> None:
         super().__init__()
         self.config = config
         self.tp = tp or TensorParallel()
+        self.stage = stage or PipelineStage.whole(config.num_hidden_layers)
         self.knobs = read_knobs() if knobs is None else knobs   # read once, at construction
-        self.model = InklingModel(config, self.tp, self.knobs)
-        self.lm_head = nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
+        self.model = InklingModel(config, self.tp, self.knobs, self.stage)
+        self.lm_head = (nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
+                        if self.stage.last else MissingLayer())
+        self._dtype = torch.get_default_dtype()
 
-    def forward(self, meta: StepMetadata, caches: InklingCaches) -> torch.Tensor:
-        return self.model(meta, caches)
+    def forward(self, meta: StepMetadata, caches: InklingCaches,
+                hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(meta, caches, hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = hidden_states / self.config.logits_mup_width_multiplier
@@ -572,11 +620,16 @@ class InklingForCausalLM(nn.Module):
                 tensor.data = tensor.data.float()
             elif tensor.is_floating_point():
                 tensor.data = tensor.data.to(dtype)
+        self._dtype = dtype
         return self
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def conv_channels(self, layer_idx: int) -> dict[str, int]:
         """Channels of each conv stream of a layer on this rank (K and V: this rank's kv heads; the
@@ -588,17 +641,17 @@ class InklingForCausalLM(nn.Module):
     def allocate_conv_state(self, num_blocks: int, device: torch.device | str | None = None
                             ) -> list[dict[str, torch.Tensor]]:
         """Zeroed conv state per layer and stream, one [W-1, channels] row per KV block."""
-        device = device or self.lm_head.weight.device
+        device = device or self.device
         taps = self.config.conv_kernel_size - 1
         return [{s: torch.zeros(num_blocks, taps, c, dtype=self.dtype, device=device)
-                 for s, c in self.conv_channels(i).items()} for i in range(len(self.model.layers))]
+                 for s, c in self.conv_channels(i).items()} for i in self.stage.layer_ids]
 
     def allocate_caches(self, num_blocks: int, block_size: int,
                         device: torch.device | str | None = None) -> InklingCaches:
         """Zeroed caches: paged KV (one block table for every layer) and conv state per KV block."""
-        device = device or self.lm_head.weight.device
+        device = device or self.device
         layers = []
-        for layer, conv in zip(self.model.layers, self.allocate_conv_state(num_blocks, device)):
+        for layer, conv in zip(self.model.stage_layers, self.allocate_conv_state(num_blocks, device)):
             attn = layer.self_attn
             kv_shape = (num_blocks, block_size, attn.num_key_value_heads, attn.head_dim)
             layers.append(LayerCache(key=torch.zeros(kv_shape, dtype=self.dtype, device=device),

@@ -21,6 +21,7 @@ import torch
 
 from inkling_hpu.loader import is_skipped
 from inkling_hpu.model.config import InklingPortConfig
+from inkling_hpu.model.modeling import PipelineStage
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class WeightRule:
     port: str                  # port parameter (or buffer) name template
     parallel: str              # "column" (split output rows), "row" (split input columns), "replicated"
     dim: int | None            # dimension split across TP ranks (None when replicated)
-    layers: str = "all"        # "all", "dense" (i < dense_mlp_idx), "moe", or "model" (not per layer)
+    layers: str = "all"        # "all", "dense" (i < dense_mlp_idx), "moe"; not per layer: "first" / "last"
+                               # (held by the first / last pipeline stage)
     fused_shard: str | None = None   # q/k/v/r: which slice of the fused qkvr_proj rows this fills
     optional: bool = False     # absent from some checkpoints; the port then keeps its default (1.0)
     fp32: bool = False         # stored in fp32 in the port whatever the model dtype
@@ -45,10 +47,10 @@ _L = "model.llm.layers.{i}."
 _P = "model.layers.{i}."
 
 CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
-    WeightRule("model.llm.embed.weight", "model.embed_tokens.weight", "replicated", None, "model"),
-    WeightRule("model.llm.embed_norm.weight", "model.embed_tokens.embed_norm.weight", "replicated", None, "model"),
-    WeightRule("model.llm.norm.weight", "model.norm.weight", "replicated", None, "model"),
-    WeightRule("model.llm.unembed.weight", "lm_head.weight", "column", 0, "model"),
+    WeightRule("model.llm.embed.weight", "model.embed_tokens.weight", "replicated", None, "first"),
+    WeightRule("model.llm.embed_norm.weight", "model.embed_tokens.embed_norm.weight", "replicated", None, "first"),
+    WeightRule("model.llm.norm.weight", "model.norm.weight", "replicated", None, "last"),
+    WeightRule("model.llm.unembed.weight", "lm_head.weight", "column", 0, "last"),
     WeightRule(_L + "attn_norm.weight", _P + "input_layernorm.weight", "replicated", None),
     WeightRule(_L + "mlp_norm.weight", _P + "post_attention_layernorm.weight", "replicated", None),
     WeightRule(_L + "attn.wq_du.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="q"),
@@ -98,8 +100,11 @@ def is_text_weight(checkpoint_name: str) -> bool:
     return not is_skipped(checkpoint_name)
 
 
+_MODEL_LEVEL = ("first", "last")
+
+
 def _applies(rule: WeightRule, layer: int | None, config: InklingPortConfig) -> bool:
-    if rule.layers == "model":
+    if rule.layers in _MODEL_LEVEL:
         return layer is None
     if layer is None or not 0 <= layer < config.num_hidden_layers:
         return False
@@ -125,16 +130,27 @@ def resolve(checkpoint_name: str, config: InklingPortConfig) -> tuple[WeightRule
     raise WeightError(f"{checkpoint_name}: not a text-backbone tensor the port knows")
 
 
-def expected_checkpoint_names(config: InklingPortConfig, *, include_optional: bool = False) -> list[str]:
-    """Every text tensor a checkpoint of this config must hold."""
+def in_stage(rule: WeightRule, layer: int | None, stage: PipelineStage | None) -> bool:
+    """Whether a pipeline stage holds the tensor (every stage holds everything when `stage` is None)."""
+    if stage is None:
+        return True
+    if rule.layers in _MODEL_LEVEL:
+        return stage.first if rule.layers == "first" else stage.last
+    return layer in stage.layer_ids
+
+
+def expected_checkpoint_names(config: InklingPortConfig, *, include_optional: bool = False,
+                              stage: PipelineStage | None = None) -> list[str]:
+    """Every text tensor a checkpoint of this config must hold (those a pipeline stage reads: `stage`)."""
     names = []
     for rule in CHECKPOINT_TO_PORT:
         if rule.optional and not include_optional:
             continue
         if rule.checkpoint == "model.llm.embed_norm.weight" and not config.use_embed_norm:
             continue
-        layers = [None] if rule.layers == "model" else range(config.num_hidden_layers)
-        names += [rule.names(layer)[0] for layer in layers if _applies(rule, layer, config)]
+        layers = [None] if rule.layers in _MODEL_LEVEL else range(config.num_hidden_layers)
+        names += [rule.names(layer)[0] for layer in layers
+                  if _applies(rule, layer, config) and in_stage(rule, layer, stage)]
     return names
 
 
@@ -188,15 +204,16 @@ def _port_tensor(model: torch.nn.Module, port_name: str) -> torch.Tensor:
 def load_checkpoint(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                     ) -> list[str]:
     """Load every text tensor (this rank's pieces, as the loader yields them); skip tower/MTP
-    tensors; refuse missing required ones. Returns loaded names."""
+    tensors and those of other pipeline stages; refuse missing required ones. Returns loaded names."""
     items = tensors.items() if isinstance(tensors, Mapping) else tensors
+    stage = getattr(model, "stage", None)
     loaded = []
     for name, tensor in items:
-        if not is_text_weight(name):
+        if not is_text_weight(name) or not in_stage(*resolve(name, model.config), stage):
             continue
         load_tensor(model, name, tensor)
         loaded.append(name)
-    missing = sorted(set(expected_checkpoint_names(model.config)) - set(loaded))
+    missing = sorted(set(expected_checkpoint_names(model.config, stage=stage)) - set(loaded))
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightError(f"checkpoint is missing {len(missing)} text tensors: {shown}")

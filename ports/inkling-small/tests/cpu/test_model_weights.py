@@ -66,10 +66,12 @@ def test_wrong_shape_and_missing_tensors_are_refused():
 
 
 class ThreadGroup:
-    """Collectives between ranks that run as threads of this process (sum and concat in rank order)."""
+    """Collectives between ranks that run as threads of this process (sum and concat in rank order;
+    `gather_reversed`: a broken all-gather that concatenates the ranks' slabs in reverse order)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, gather_reversed: bool = False) -> None:
         self.size = size
+        self.order = slice(None, None, -1 if gather_reversed else 1)
         self.barrier = threading.Barrier(size, timeout=120)
         self.slots: list[torch.Tensor | None] = [None] * size
 
@@ -89,7 +91,7 @@ class ThreadGroup:
 
         return modeling.TensorParallel(
             rank=rank, size=self.size,
-            all_gather_last_dim=lambda t: self._exchange(rank, t, lambda parts: torch.cat(parts, dim=-1)),
+            all_gather_last_dim=lambda t: self._exchange(rank, t, lambda parts: torch.cat(parts[self.order], dim=-1)),
             reduce_scatter_last_dim=lambda t: self._exchange(rank, t, lambda parts: add(parts).chunk(self.size, -1)[rank]))
 
 
@@ -102,21 +104,18 @@ def _rank_pieces(checkpoint_dir, config: InklingPortConfig, rank: int, world_siz
     return list(TextCheckpoint(checkpoint_dir).load(specs, rank=rank, world_size=world_size))
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("config_name", ["tiny-gqa2-mix.json", "tiny-gqa4-long.json"])
-def test_tensor_parallel_two_ranks_match_one(config_name, tmp_path):
-    """Each rank loads its own slabs (the loader's rank reads of a safetensors checkpoint) through the
-    table; logits match TP=1."""
+def _two_ranks(config_name: str, checkpoint_dir, group: ThreadGroup) -> list[dict]:
+    """run_port on two thread ranks of `group`, each loading its own slabs (the loader's rank reads of a
+    safetensors checkpoint) through the table."""
     config, tensors, work = _config(config_name), helpers.checkpoint(config_name), helpers.workload(config_name)
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, tmp_path / "model.safetensors")
-    single = parity.run_port(helpers.port_model(config_name, helpers.ALL_KNOBS_ON), work, 0)
-    group, results, errors = ThreadGroup(2), [None, None], []
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, checkpoint_dir / "model.safetensors")
+    results, errors = [None, None], []
 
     def rank_main(rank: int) -> None:
         try:
             with parity.single_thread():
                 model = modeling.InklingForCausalLM(config, tp=group.parallel(rank), knobs=helpers.ALL_KNOBS_ON)
-                weights.load_checkpoint(model, _rank_pieces(tmp_path, config, rank, 2))
+                weights.load_checkpoint(model, _rank_pieces(checkpoint_dir, config, rank, 2))
                 results[rank] = parity.run_port(model.eval(), work, 0)
         except BaseException as error:   # surface a rank's failure instead of a barrier timeout
             errors.append(error)
@@ -128,5 +127,22 @@ def test_tensor_parallel_two_ranks_match_one(config_name, tmp_path):
     for thread in threads:
         thread.join()
     assert not errors, errors
+    return results
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config_name", ["tiny-gqa2-mix.json", "tiny-gqa4-long.json"])
+def test_tensor_parallel_two_ranks_match_one(config_name, tmp_path):
+    single = parity.run_port(helpers.port_model(config_name, helpers.ALL_KNOBS_ON), helpers.workload(config_name), 0)
+    results = _two_ranks(config_name, tmp_path, ThreadGroup(2))
     assert helpers.max_abs_between(results[0], results[1]) == 0.0
     assert helpers.max_abs_between(results[0], single) <= 1e-5
+
+
+@pytest.mark.timeout(300)
+def test_a_broken_collective_is_caught(tmp_path):
+    """The same comparison fails when the all-gather puts the ranks' slabs in the wrong order."""
+    name = "tiny-gqa2-mix.json"
+    single = parity.run_port(helpers.port_model(name, helpers.ALL_KNOBS_ON), helpers.workload(name), 0)
+    results = _two_ranks(name, tmp_path, ThreadGroup(2, gather_reversed=True))
+    assert helpers.max_abs_between(results[0], single) > 1e-3
