@@ -126,6 +126,23 @@ def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[
     return out
 
 
+def presharded_model(venv: Path, plugin: Path, model: Path, tensor_parallel: int) -> Path:
+    """`model` with the pre-sharded layout for `tensor_parallel` ranks (`python -m inkling_hpu.loader presplit`),
+    in a folder of its own whose files link to the model's: each rank then reads one file of its slabs."""
+    out = model.parent / f"{model.name}-presharded-tp{tensor_parallel}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        for file in model.iterdir():
+            if file.is_file() and file.name != ".complete":
+                (out / file.name).symlink_to(file)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "inkling_hpu.loader", "presplit", str(out), "--tp",
+                        str(tensor_parallel)], check=True, capture_output=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": str(plugin)})
+        (out / ".complete").touch()
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -189,12 +206,16 @@ class CpuServer:
         self.stop()
 
 
-def prepared(log: Path, extra_args=(), port: int | None = None) -> CpuServer:
-    """venv built, fix pack applied, port installed, tiny Inkling written: a server ready to start."""
+def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: int | None = None) -> CpuServer:
+    """venv built, fix pack applied, port installed, tiny Inkling written (`presharded_tp`: with its
+    pre-sharded layout for that many ranks): a server ready to start."""
     venv = server_venv()
     print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
     plugin = port_install(venv)
-    return CpuServer(venv, tiny_model(venv, plugin), log, extra_args, port, plugin_path=plugin)
+    model = tiny_model(venv, plugin)
+    if presharded_tp:
+        model = presharded_model(venv, plugin, model, presharded_tp)
+    return CpuServer(venv, model, log, extra_args, port, plugin_path=plugin)
 
 
 # The gates this server cannot judge, accepted as skips by `gates` (unless --allow-skip is given):

@@ -162,6 +162,9 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
         specs.append(TensorSpec(name, None, shard_dim=rule.dim if tp.size > 1 else None, optional=rule.optional))
     rank_bytes = sum(checkpoint.text[s.name].nbytes // (tp.size if s.shard_dim is not None else 1)
                      for s in specs if s.name in checkpoint.text)
+    presharded = checkpoint.presharded(tp.size) if tp.size > 1 else None
+    if presharded is not None:
+        logger.info("Inkling: %s reads its own file of the pre-sharded layout %s", worker_name(model), presharded[0])
     progress = LoadProgress(worker_name(model), rank_bytes)
     for name, piece in checkpoint.load(specs, rank=tp.rank, world_size=tp.size, allow_unexpected=True):
         weight_table.load_tensor(model, name, piece)

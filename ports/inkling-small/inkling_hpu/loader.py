@@ -229,7 +229,7 @@ class TextCheckpoint:
         items = sorted((e.name, e.dtype, list(e.shape), e.file.name, e.begin, e.end) for e in self.text.values())
         return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
-    def _presharded(self, world_size: int) -> tuple[Path, dict] | None:
+    def presharded(self, world_size: int) -> tuple[Path, dict] | None:
         """This checkpoint's pre-sharded layout for world_size (write_presharded), if there is one."""
         directory = self.dir / PRESHARDED_DIR.format(world_size=world_size)
         if not (directory / PRESHARDED_MANIFEST).is_file():
@@ -286,7 +286,7 @@ class TextCheckpoint:
             if not allow_unexpected:
                 self.refuse_unexpected(s.name for s in specs)
         if specs is not None and world_size > 1:
-            presharded = self._presharded(world_size)
+            presharded = self.presharded(world_size)
             if presharded is not None:
                 yield from self._load_presharded(presharded, plan, rank, world_size, direct)
                 return

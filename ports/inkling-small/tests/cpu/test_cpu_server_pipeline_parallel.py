@@ -1,0 +1,52 @@
+"""The port at pipeline-parallel size 2, alone and with tensor-parallel size 2, through vLLM's own executor:
+the real vLLM 0.30.0 CPU server (`mp` executor, one worker process per stage and rank, gloo), fix pack
+applied, the inkling_hpu plugin in every worker. Each stage holds the layers vLLM's get_pp_indices gives
+it (the first the embedding, the last the final norm and the head), reads only their tensors, keeps K/V
+and conv snapshots for them, and hands its hidden states to the next stage as IntermediateTensors.
+Greedy tokens equal transformers' Inkling (fp32): prompts of 1 to 6 blocks cold and on prefix-cache
+hits, and requests sharing prefixes in flight at once. One server per configuration, shared by its tests.
+(In-process proofs that a broken hand-off or collective fails the same comparison: test_pipeline_stages.py,
+test_model_weights.py.)"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cpu_server_helpers import (assert_concurrent_shared_prefixes_equal_transformers,
+                                assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared)
+from tools.cpu_server import parallel_args
+
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
+
+
+@pytest.fixture(scope="module", params=[(1, 2), (2, 2)], ids=["pp2", "tp2xpp2"])
+def server(request, tmp_path_factory):
+    tp, pp = request.param
+    srv = prepared(tmp_path_factory.mktemp(f"cpu-server-tp{tp}-pp{pp}") / "server.log", parallel_args(tp, pp))
+    srv.sizes = (tp, pp)
+    with srv:
+        yield srv
+
+
+def test_greedy_tokens_equal_transformers(server):
+    assert_greedy_tokens_equal_transformers(server)
+
+
+def test_requests_sharing_prefixes_in_flight_at_once(server):
+    assert_concurrent_shared_prefixes_equal_transformers(server)
+
+
+def test_each_stage_reads_only_its_layers(server):
+    assert_workers_read_their_share(server, *server.sizes)
+
+
+def test_each_worker_says_which_layers_it_holds(server):
+    """The tiny Inkling's 4 layers: 0..1 with the embedding, 2..3 with the final norm and the head, on
+    every tensor-parallel rank of each stage."""
+    tp, _ = server.sizes
+    lines = re.findall(r"\((Worker_PP(\d)\S*) pid=\d+\).*Inkling pipeline stage: (.*)", server.log.read_text())
+    held = {(stage, text) for _, stage, text in lines}
+    assert len(lines) == 2 * tp and held == {
+        ("0", f"layers 0..1 of 4, the embedding (TP rank {r} of {tp})") for r in range(tp)} | {
+        ("1", f"layers 2..3 of 4, the final norm and the head (TP rank {r} of {tp})") for r in range(tp)}, lines
