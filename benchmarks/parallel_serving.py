@@ -88,7 +88,7 @@ def main(argv=None) -> int:
             server = cpu_server.CpuServer(venv, model, log, cpu_server.parallel_args(*CONFIGS[name]), plugin_path=plugin)
             print(f"running: {name}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            with server.start():
+            with server:      # __enter__ starts it and waits for /v1/models
                 results[name].append(measure(server, time.perf_counter() - start))
     print(f"\nreal vLLM 0.30.0 CPU server (mp executor, gloo), tiny random Inkling (4 layers, hidden 128), "
           f"2 cores; medians of {args.runs} runs, configurations alternated\n")

@@ -111,6 +111,22 @@ def port_install(venv: Path, port: Path = PORT) -> Path:
     return out
 
 
+def preflight_requirements(venv: Path) -> Path:
+    """requirements/preflight.txt (what install.sh adds to an image for the preflight's CPU tests) installed
+    for the server venv's python into a folder of its own, as port_install does for the port."""
+    requirements = REPO / "requirements" / "preflight.txt"
+    out = CACHE / f"preflight-requirements-{_tree_hash(requirements)}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--target", str(out), "-r", str(requirements)],
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pip install -r {requirements} into {out} failed (exit {proc.returncode}):\n"
+                               f"{proc.stderr[-3000:]}")
+        (out / ".complete").touch()
+    return out
+
+
 def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[int, int] | None = None) -> Path:
     """The tiny random Inkling, built once per version of tools/tiny_model.py and of the port (its
     weights come from the port's parity module). `experts`: (routed experts, per token) instead of

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Inkling-Small port into a stock vllm-gaudi releases/v0.30.0 image.
 # Run by ports/inkling-small/Dockerfile with this repository at /opt/gaudi-cookbook:
-#   1. the cookbook library's few requirements (pip does nothing when they are already there);
+#   1. the cookbook library's few requirements and what the preflight's CPU tests need beyond the
+#      image (requirements/preflight.txt: pytest and its plugins, pinned; pip does nothing when they
+#      are already there);
 #   2. check the vLLM and vllm-gaudi commits with the library (`apply_all.py identify`): stop on
 #      any other base;
 #   3. install the inkling_hpu plugin (with its vllm.general_plugins entry point), no dependencies;
@@ -33,8 +35,9 @@ command -v "$python" >/dev/null || die 3 "$python not found: this image has no P
 "$python" -m pip --version >/dev/null 2>&1 || die 3 "pip is not available for $python"
 
 say "cookbook at $cookbook; profile $profile; port series $port_profile"
-say "[1/4] cookbook requirements"
-"$python" -m pip install -q -r requirements/cookbook.txt || die 3 "could not install requirements/cookbook.txt"
+say "[1/4] cookbook and preflight requirements"
+"$python" -m pip install -q -r requirements/cookbook.txt -r requirements/preflight.txt ||
+  die 3 "could not install requirements/cookbook.txt and requirements/preflight.txt"
 
 say "[2/4] vLLM and vllm-gaudi commits"
 set +e

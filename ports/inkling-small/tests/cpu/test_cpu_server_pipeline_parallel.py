@@ -14,19 +14,33 @@ import re
 import pytest
 
 from cpu_server_helpers import (assert_concurrent_shared_prefixes_equal_transformers,
-                                assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared)
+                                assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared,
+                                run_gates, table)
 from tools.cpu_server import parallel_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
 
-@pytest.fixture(scope="module", params=[(1, 2), (2, 2)], ids=["pp2", "tp2xpp2"])
-def server(request, tmp_path_factory):
-    tp, pp = request.param
+def _server(tmp_path_factory, tp: int, pp: int):
     srv = prepared(tmp_path_factory.mktemp(f"cpu-server-tp{tp}-pp{pp}") / "server.log", parallel_args(tp, pp))
     srv.sizes = (tp, pp)
     with srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def pp2(tmp_path_factory):
+    yield from _server(tmp_path_factory, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def tp2xpp2(tmp_path_factory):
+    yield from _server(tmp_path_factory, 2, 2)
+
+
+@pytest.fixture(params=["pp2", "tp2xpp2"])
+def server(request):
+    return request.getfixturevalue(request.param)
 
 
 def test_greedy_tokens_equal_transformers(server):
@@ -50,3 +64,11 @@ def test_each_worker_says_which_layers_it_holds(server):
     assert len(lines) == 2 * tp and held == {
         ("0", f"layers 0..1 of 4, the embedding (TP rank {r} of {tp})") for r in range(tp)} | {
         ("1", f"layers 2..3 of 4, the final norm and the head (TP rank {r} of {tp})") for r in range(tp)}, lines
+
+
+def test_quick_gates_pass_at_pipeline_parallel_two(pp2):
+    """What `make gates PP=2` runs and accepts (tools/cpu_server.CPU_SERVER_SKIPS)."""
+    from tools.cpu_server import CPU_SERVER_SKIPS
+
+    code, report, stderr = run_gates(pp2, "quick", "--allow-skip", CPU_SERVER_SKIPS["quick"])
+    assert code == 0 and report["summary"].startswith("5 judged, 5 passed"), f"exit {code}:\n{table(report)}\n{stderr[-2000:]}"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from cpu_server_helpers import (assert_concurrent_shared_prefixes_equal_transformers,
-                                assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared)
+                                assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared,
+                                run_gates, table)
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
@@ -56,3 +57,11 @@ def test_each_rank_reports_its_own_load(server):
     for rank in (0, 1):
         assert re.search(rf"Inkling loading, rank {rank} of 2: [0-9.]+ [MG]B of [0-9.]+ [MG]B \(100%\)", log), log[-3000:]
     assert re.search(r"Loading weights took [0-9.]+ seconds \(the port's text-only load\)", log), log[-3000:]
+
+
+def test_quick_gates_pass_at_tensor_parallel_two(server):
+    """What `make gates TP=2` runs and accepts (tools/cpu_server.CPU_SERVER_SKIPS)."""
+    from tools.cpu_server import CPU_SERVER_SKIPS
+
+    code, report, stderr = run_gates(server, "quick", "--allow-skip", CPU_SERVER_SKIPS["quick"])
+    assert code == 0 and report["summary"].startswith("5 judged, 5 passed"), f"exit {code}:\n{table(report)}\n{stderr[-2000:]}"

@@ -167,3 +167,17 @@ def test_tensor_parallel_sizes_the_model_cannot_split_are_refused():
                        "which does not divide the KV heads 8. Sizes this model splits over: 1, 2, 4, 8.")
     assert "found 3, which does not divide the query heads 32; KV heads 8; hidden channels 4096" in \
         guards.tensor_parallel_refusal(real, 3)
+
+
+def test_more_pipeline_stages_than_layers_are_refused():
+    import json
+
+    from inkling_hpu import memory
+    from inkling_hpu.model import InklingPortConfig
+
+    real = InklingPortConfig.from_dict(json.loads(memory.REAL_CONFIG.read_text()))
+    assert guards.pipeline_parallel_refusal(real, 2) is None
+    assert guards.pipeline_parallel_refusal(real, real.num_hidden_layers) is None
+    assert guards.pipeline_parallel_refusal(real, real.num_hidden_layers + 1) == (
+        f"--pipeline-parallel-size: expected at most one stage per decoder layer ({real.num_hidden_layers}), "
+        f"found {real.num_hidden_layers + 1}")

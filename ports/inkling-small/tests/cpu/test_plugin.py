@@ -265,6 +265,39 @@ def scenario_glue_chunks(port_dir: str) -> list:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def scenario_pipeline_runner_check(port_dir: str) -> dict:
+    """The HPU glue's pipeline-parallel check against vllm-gaudi's real HPUModelRunner class."""
+    from vllm_gaudi.v1.worker.hpu_model_runner import HPUModelRunner
+
+    from inkling_hpu import guards
+    from inkling_hpu.hpu_glue import HpuInklingForCausalLM
+
+    glue = object.__new__(HpuInklingForCausalLM)
+    glue._check_pipeline_runner(1)
+    try:
+        glue._check_pipeline_runner(2)
+    except guards.InklingConfigRefused as refusal:
+        return {"refusal": str(refusal), "runner_hands_off": hasattr(HPUModelRunner, "_pp_recv_intermediate_tensors")}
+    return {"refusal": None, "runner_hands_off": hasattr(HPUModelRunner, "_pp_recv_intermediate_tensors")}
+
+
+def test_pipeline_parallel_is_refused_on_a_runner_that_hands_nothing_between_stages(vllm_gaudi_src, vllm_src, port_dir):
+    """vllm-gaudi main at 091bbadd has no PP send/recv in its HPU runner (it arrives with PR #1634): each
+    stage would run as the whole model. The glue refuses at construction, in every worker."""
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_pipeline_runner_check", vllm_gaudi_src, vllm_src, timeout=600,
+                       python_path=[port_dir], port_dir=str(port_dir))
+    if out["runner_hands_off"]:
+        assert out["refusal"] is None, out
+        return
+    assert out["refusal"] == (
+        "Inkling-Small refuses to start: --pipeline-parallel-size 2: expected a vllm-gaudi whose HPU model runner "
+        "sends and receives the stages' activations (HPUModelRunner._pp_recv_intermediate_tensors, vllm-gaudi PR "
+        "#1634), found vllm_gaudi.v1.worker.hpu_model_runner.HPUModelRunner without it. Serve at pipeline-parallel "
+        "size 1 or on a vllm-gaudi that carries it."), out
+
+
 def test_glue_reads_requests_from_real_runner_metadata(vllm_gaudi_src, vllm_src, port_dir):
     from gaudi_harness.subproc import run_scenario
 
