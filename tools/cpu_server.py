@@ -112,17 +112,18 @@ def port_install(venv: Path, port: Path = PORT) -> Path:
 
 
 def preflight_requirements(venv: Path) -> Path:
-    """requirements/preflight.txt (what install.sh adds to an image for the preflight's CPU tests) installed
-    for the server venv's python into a folder of its own, as port_install does for the port."""
-    requirements = REPO / "requirements" / "preflight.txt"
-    out = CACHE / f"preflight-requirements-{_tree_hash(requirements)}"
+    """What install.sh adds to an image (requirements/cookbook.txt, and preflight.txt for the preflight's CPU
+    tests) installed for the server venv's python into a folder of its own, as port_install does for the port."""
+    requirements = [REPO / "requirements" / name for name in ("cookbook.txt", "preflight.txt")]
+    out = CACHE / f"preflight-requirements-{_tree_hash(*requirements)}"
     if not (out / ".complete").exists():
         shutil.rmtree(out, ignore_errors=True)
-        proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--target", str(out), "-r", str(requirements)],
+        proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--target", str(out),
+                               *(arg for path in requirements for arg in ("-r", str(path)))],
                               capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise RuntimeError(f"pip install -r {requirements} into {out} failed (exit {proc.returncode}):\n"
-                               f"{proc.stderr[-3000:]}")
+            raise RuntimeError(f"pip install of {[p.name for p in requirements]} into {out} failed "
+                               f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         (out / ".complete").touch()
     return out
 
@@ -165,6 +166,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_threads(cmd: list[str]) -> dict:
+    """OMP_NUM_THREADS for a server of several workers: the cores shared out between them. Under the CPU
+    variant's VLLM_CPU_OMP_THREADS_BIND=nobind each vLLM worker keeps torch's default, every core, so TP x
+    PP workers oversubscribe the cores (TP 2 on 2 cores: 5.9 greedy tokens/s, 42.5 with one thread each)."""
+    workers = 1
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):
+        workers *= int(server_flag(cmd, flag) or 1)
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))} if workers > 1 else {}
+
+
 class CpuServer:
     """One server process group: `start()` waits until /v1/models answers (or raises with the log's
     tail), `stop()` sends SIGTERM, then SIGKILL after STOP_TIMEOUT."""
@@ -177,7 +188,8 @@ class CpuServer:
         self.log = log
         self.cmd = ([str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                      "--host", "127.0.0.1", "--port", str(self.port)] + cpu_serve_args(load_recipe()) + list(extra_args))
-        self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()}, **(env or {})}
+        self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()},
+                    **worker_threads(self.cmd), **(env or {})}
         if plugin_path is not None:
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_path), os.environ.get("PYTHONPATH")]))
         self.proc: subprocess.Popen | None = None

@@ -1,8 +1,8 @@
 """Shared helpers for the inkling_py parser tests and benchmark (tools.parser_cases).
 
 Needs the repository root and the port (ports/inkling-small) importable (pytest's pythonpath, or
-PYTHONPATH=ports/inkling-small with `python -m` from the root). Appends the pristine vLLM 0.30.0
-sdist tree (located by cookbook.upstream) to sys.path, and provides: a small marker-aware
+PYTHONPATH=ports/inkling-small with `python -m` from the root). Appends the vLLM tree (VLLM_SRC, else
+the pristine 0.30.0 sdist located by cookbook.upstream) to sys.path, and provides: a small marker-aware
 tokenizer, a generator of Inkling outputs, and drivers that run an output through vLLM's served
 parser composition (DelegatingParser) for either parser name, whole or split into deltas.
 """
@@ -21,10 +21,11 @@ PORT_ROOT = REPO_ROOT / "ports" / "inkling-small"
 
 
 def setup_paths() -> Path:
-    """Make `vllm` (pristine 0.30.0 sdist) importable; return the tree."""
+    """Make `vllm` importable; return its tree: VLLM_SRC when set (the image's preflight names the
+    installed vLLM, with no network to fetch anything), else the pristine 0.30.0 sdist."""
     from cookbook import upstream
 
-    tree = Path(upstream.vllm_source("0.30.0"))
+    tree = Path(os.environ.get("VLLM_SRC") or upstream.vllm_source("0.30.0"))
     # Appended, not prepended: the sdist's own tests/ package must not shadow ours.
     if str(tree) not in sys.path:
         sys.path.append(str(tree))
@@ -44,7 +45,7 @@ from vllm.parser.parser_manager import ParserManager  # noqa: E402
 import vllm  # noqa: E402
 
 if not Path(vllm.__file__).resolve().is_relative_to(VLLM_TREE.resolve()):
-    raise ImportError(f"expected vllm from the pristine 0.30.0 tree {VLLM_TREE}, "
+    raise ImportError(f"expected vllm from the tree {VLLM_TREE}, "
                       f"found {vllm.__file__}")
 
 import inkling_hpu.parsers  # noqa: E402
