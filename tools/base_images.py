@@ -241,26 +241,33 @@ def stage_vllm_gaudi(stage: Path, commit: str = VLLM_GAUDI_TEST_COMMIT) -> str:
     return how
 
 
+# What install.sh pip-installs from requirements/ (the library's and the preflight's).
+INSTALL_REQUIREMENTS = [REPO / "requirements" / name for name in ("cookbook.txt", "preflight.txt")]
+
+
+def _requirement_args() -> list[str]:
+    return [arg for req in INSTALL_REQUIREMENTS for arg in ("-r", str(req))]
+
+
 def _wheelhouse() -> Path:
-    """Wheels of requirements/cookbook.txt for the test base (its build has no network)."""
-    req = REPO / "requirements" / "cookbook.txt"
-    key = hashlib.sha256(req.read_bytes()).hexdigest()[:12]
+    """Wheels of install.sh's requirements for the test base (its build has no network)."""
+    key = hashlib.sha256(b"".join(req.read_bytes() for req in INSTALL_REQUIREMENTS)).hexdigest()[:12]
     house = CACHE / f"wheels-{key}"
     if not (house / ".complete").exists():
         shutil.rmtree(house, ignore_errors=True)
         _run(["python3", "-m", "pip", "download", "-q", "--only-binary", ":all:",
               "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
-              "-d", str(house), "-r", str(req)], timeout=900)
+              "-d", str(house), *_requirement_args()], timeout=900)
         (house / ".complete").touch()
     return house
 
 
-def stage_cookbook_requirements(stage: Path) -> None:
-    """requirements/cookbook.txt into the staged site-packages, as a stock image has them after
+def stage_install_requirements(stage: Path) -> None:
+    """install.sh's requirements into the staged site-packages, as a stock image has them after
     install.sh ran once (the test base is made without network, so install.sh's pip finds them)."""
     _run(["python3", "-m", "pip", "install", "-q", "--no-index", "--no-compile",
           "--find-links", str(_wheelhouse()), "--target", str(stage / "site-packages"),
-          "-r", str(REPO / "requirements" / "cookbook.txt")], timeout=600)
+          *_requirement_args()], timeout=600)
 
 
 def _tree_members(tree: Path, arcname: str) -> list[tuple[Path, str]]:
@@ -308,7 +315,7 @@ def build_base(client: docker.DockerClient, vllm_tree: Path, tag: str,
         stage = Path(tmp)
         stage_vllm(stage, vllm_tree)
         stage_vllm_gaudi(stage)
-        stage_cookbook_requirements(stage)
+        stage_install_requirements(stage)
         if edit_installed:
             edited = stage / "site-packages" / edit_installed
             edited.write_text(edited.read_text() + "\n# edited after install\n")
