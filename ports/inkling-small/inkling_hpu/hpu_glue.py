@@ -175,8 +175,7 @@ def load_text_checkpoint(model: InklingForCausalLM, checkpoint_dir: str | os.Pat
 def worker_name(model: InklingForCausalLM) -> str:
     """"rank r of n" (tensor parallel), with the pipeline stage's layers when the model is split in stages."""
     stage, name = model.stage, f"rank {model.tp.rank} of {model.tp.size}"
-    whole = stage.first and stage.last
-    return name if whole else f"{name}, stage of layers {stage.start}..{stage.end - 1}"
+    return name if stage.is_whole_model else f"{name}, stage of layers {stage.start}..{stage.end - 1}"
 
 
 class LoadProgress:
@@ -407,7 +406,7 @@ class HpuInklingForCausalLM(nn.Module):
                 prefix=f"{prefix}model.layers.{i}.self_attn.attn")
             holder.extra_bytes_per_block = taps * sum(self.inkling.conv_channels(i).values()) * dtype_bytes
             self.kv_holders.append(holder)
-        if not (self.stage.first and self.stage.last):
+        if not self.stage.is_whole_model:
             logger.info("Inkling pipeline stage: layers %d..%d of %d%s (TP rank %d of %d)", self.stage.start,
                         self.stage.end - 1, self.config.num_hidden_layers,
                         "".join(part for part, held in ((", the embedding", self.stage.first),

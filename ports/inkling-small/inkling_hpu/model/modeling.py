@@ -74,6 +74,10 @@ class PipelineStage:
     def layer_ids(self) -> range:
         return range(self.start, self.end)
 
+    @property
+    def is_whole_model(self) -> bool:
+        return self.first and self.last
+
 
 class MissingLayer(nn.Module):
     """What another pipeline stage holds (as vLLM's PPMissingLayer): no parameters, never called, so
