@@ -17,6 +17,11 @@ name table (inkling_hpu.model.weights). Then, in one run, alternating, several t
   safe_open      safetensors.safe_open + get_tensor for every tensor (what a generic loader does)
   plain_reuse    the same reads as plain into one reused 16 MiB buffer, for context: storage speed
                  without the cost of touching fresh memory
+  runai          runai-model-streamer's SafetensorsStreamer (vLLM's --load-format runai_streamer),
+                 given the text tensors' names: it reads only their bytes, with its own threads
+  fastsafetensors  fastsafetensors' SafeTensorsFileLoader on CPU (no GDS), a filter keeping the
+                 text tensors (vLLM's --load-format fastsafetensors)
+The peers run when installed (pip install -r requirements/benchmarks.txt torch==2.13.0).
 
 With --tp 8, instead: 8 processes (one per rank, as the 8 workers on a node) load their rank's
 slabs of the same checkpoint at once, vs one plain sequential read of the text bytes:
@@ -28,6 +33,11 @@ slabs of the same checkpoint at once, vs one plain sequential read of the text b
   tp_presharded    the default load, on a copy of the checkpoint (symlinks) that also holds the port's
                    pre-sharded layout (python -m inkling_hpu.loader presplit DIR --tp 8): each
                    rank reads its own file, which holds only its slabs
+  tp_runai, tp_fastsafetensors   each rank reads the whole text tensors through the peer and keeps
+                   its slab (neither reads a slab alone; vLLM narrows whole tensors the same way)
+
+--throttle MBPS:IOPS caps reads from the checkpoint's disk for the whole run (a block-I/O cgroup,
+root needed): storage that bounds both bandwidth and requests, like a network share.
 
 Every method touches every page of every tensor it returns (a lazy mmap is not read until touched).
 Before each run the files are dropped from the page cache (posix_fadvise DONTNEED), so the bytes
@@ -35,11 +45,13 @@ come from storage; "read" is /proc/<pid>/io read_bytes (storage reads, readahead
 over the ranks with --tp. Prints min/median/max times, CPU seconds, throughput vs plain (ratio of
 medians, and "paired": median over the rounds of each round's ratio), and the disk the files are on.
 
-    PYTHONPATH=ports/inkling-small python -m benchmarks.text_only_load [--gib 2.5] [--runs 7] [--tp 8] [--dir DIR] [--json]
+    PYTHONPATH=ports/inkling-small python -m benchmarks.text_only_load [--gib 2.5] [--runs 7] [--tp 8] [--throttle 400:2000]
+        [--dir DIR] [--json]
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import multiprocessing
 import os
@@ -48,6 +60,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -184,6 +197,42 @@ def disk_info(path: Path) -> str:
             f"scheduler {attr('scheduler')})")
 
 
+def whole_disk(path: Path) -> str:
+    """major:minor of the disk the path is on (a partition's parent: block throttling takes disks)."""
+    dev = os.stat(path.resolve()).st_dev
+    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if (sysdir / "partition").is_file():
+        return (sysdir.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"
+
+
+def _leave_group(group: Path) -> None:
+    (group.parent / "cgroup.procs").write_text(str(os.getpid()))
+    group.rmdir()
+
+
+def throttle_reads(path: Path, mb_per_s: float, iops: int) -> str:
+    """Move this process (and the ranks it starts later) into a block-I/O cgroup that caps reads from
+    the checkpoint's disk at `mb_per_s` MB/s and `iops` requests/s: storage that behaves like a
+    network share (bandwidth and requests both bounded). cgroup v1 blkio or v2 io; needs root."""
+    disk, rate = whole_disk(path), int(mb_per_s * 1e6)
+    v1 = Path("/sys/fs/cgroup/blkio")
+    group = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"text-only-load-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        if v1.is_dir():
+            (group / "blkio.throttle.read_bps_device").write_text(f"{disk} {rate}")
+            (group / "blkio.throttle.read_iops_device").write_text(f"{disk} {iops}")
+        else:
+            (group / "io.max").write_text(f"{disk} rbps={rate} riops={iops}")
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+        atexit.register(_leave_group, group)
+    except OSError as exc:
+        raise SystemExit(f"--throttle: cannot cap reads through {group} ({exc}): needs root and a "
+                         f"block-I/O cgroup controller") from None
+    return f"reads from disk {disk} capped at {mb_per_s:g} MB/s and {iops} requests/s ({group})"
+
+
 def _text_ranges(ckpt: TextCheckpoint) -> dict[Path, list[tuple[int, int]]]:
     by_file: dict[Path, list[tuple[int, int]]] = {}
     for entry in ckpt.text.values():
@@ -243,6 +292,10 @@ def _consume(tensor: torch.Tensor) -> int:
     return flat.numel()
 
 
+# The peers vLLM users pick for large checkpoints (--load-format runai_streamer / fastsafetensors):
+# method name -> distribution.
+PEERS = {"runai": "runai-model-streamer", "fastsafetensors": "fastsafetensors"}
+
 # How each port method loads: (direct, io_uring allowed).
 PORT_METHODS = {"port": (None, True), "port_buffered": (False, True), "port_threads": (True, False),
                 "tp_port": (None, True), "tp_port_direct": (True, True), "tp_port_threads": (True, False),
@@ -279,6 +332,64 @@ def run_safe_open(files: list[Path]) -> int:
     return total
 
 
+def _text_files(ckpt: TextCheckpoint) -> list[Path]:
+    return sorted({entry.file for entry in ckpt.text.values()})
+
+
+def peer_tensors(ckpt: TextCheckpoint, peer: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's text tensors, whole, as a peer loader reads them: runai-model-streamer
+    (SafetensorsStreamer, told the text tensors' names: it reads only their bytes, concurrently) or
+    fastsafetensors (SafeTensorsFileLoader on CPU without GDS, a filter keeping the text tensors:
+    it skips the others' bytes). Neither reads a rank's slab alone: a rank narrows whole tensors."""
+    names = set(ckpt.text)
+    files = [str(path) for path in _text_files(ckpt)]
+    if peer == "runai":
+        from runai_model_streamer import SafetensorsStreamer
+
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files(files, tensor_names=names)
+            yield from streamer.get_tensors()
+        return
+    from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
+    reader = SafeTensorsFileLoader(SingleGroup(), "cpu", nogds=True)
+    try:
+        reader.set_tensor_filter(lambda name: name in names)
+        reader.add_filenames({0: files})
+        buffers = reader.copy_files_to_device()
+        try:
+            for name in reader.get_keys():
+                yield name, buffers.get_tensor(name)
+        finally:
+            buffers.close()
+    finally:
+        reader.close()
+
+
+def peers_installed() -> dict[str, str]:
+    """The peers importable here, with their versions (requirements/benchmarks.txt pins them)."""
+    from importlib import metadata
+
+    found = {}
+    for peer, package in PEERS.items():
+        try:
+            found[peer] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def run_peer(ckpt: TextCheckpoint, peer: str) -> int:
+    return sum(_consume(tensor) for _, tensor in peer_tensors(ckpt, peer))
+
+
+def rank_slab(tensor: torch.Tensor, dim: int | None, rank: int, world_size: int) -> torch.Tensor:
+    if dim is None:
+        return tensor
+    size = tensor.shape[dim] // world_size
+    return tensor.narrow(dim, rank * size, size).contiguous()
+
+
 def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, commands, barrier, results) -> None:
     """One rank, kept alive across runs: waits for a method, then loads its slabs when all ranks
     (and the parent's clock) pass the barrier. Reports seconds, storage bytes, bytes asked of the
@@ -288,7 +399,11 @@ def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, co
         barrier.wait()
         before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
         ckpt = TextCheckpoint(presharded if method == "tp_presharded" else directory)
-        loaded = _load(ckpt, method, specs, rank=rank, world_size=world_size)
+        if method.startswith("tp_") and method[3:] in PEERS:      # whole tensors, then the rank's slab
+            dims = {spec.name: spec.shard_dim for spec in specs}
+            loaded = ((name, rank_slab(t, dims[name], rank, world_size)) for name, t in peer_tensors(ckpt, method[3:]))
+        else:
+            loaded = _load(ckpt, method, specs, rank=rank, world_size=world_size)
         produced = sum(_consume(tensor) for _, tensor in loaded)
         seconds, after = time.perf_counter() - start, _io_counters()
         results.put((rank, seconds, after["read_bytes"] - before["read_bytes"], after["rchar"] - before["rchar"],
@@ -328,7 +443,8 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
                                                       barrier, results)) for r in range(world)]
     for w in workers:
         w.start()
-    methods = ["plain", "tp_port", "tp_port_direct", "tp_port_threads", "tp_presharded"]
+    methods = ["plain", "tp_port", "tp_port_direct", "tp_port_threads", "tp_presharded",
+               *(f"tp_{peer}" for peer in peers_installed())]
     samples: dict[str, list] = {m: [] for m in methods}
     try:
         for _ in range(args.runs):
@@ -374,7 +490,8 @@ def run_single(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
     methods = {"plain": lambda: run_plain(ckpt), "port": lambda: run_port(args.dir),
                "port_buffered": lambda: run_port(args.dir, "port_buffered"),
                "port_threads": lambda: run_port(args.dir, "port_threads"),
-               "safe_open": lambda: run_safe_open(files), "plain_reuse": lambda: run_plain_reused_buffer(ckpt)}
+               "safe_open": lambda: run_safe_open(files), "plain_reuse": lambda: run_plain_reused_buffer(ckpt),
+               **{peer: (lambda peer=peer: run_peer(ckpt, peer)) for peer in peers_installed()}}
     samples: dict[str, list[tuple[float, int]]] = {m: [] for m in methods}
     for _ in range(args.runs):
         for name, fn in methods.items():                     # alternate so drift hits all alike
@@ -395,16 +512,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=0, help="tensor-parallel size: that many processes load their "
                                                           "slabs at once (default: one process, whole tensors)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"checkpoint directory (default {DEFAULT_DIR})")
+    parser.add_argument("--throttle", metavar="MBPS:IOPS",
+                        help="cap reads from the checkpoint's disk (e.g. 400:2000): network-like storage")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
 
     build_checkpoint(args.dir, args.gib)
+    storage = "as it is"
+    if args.throttle:
+        mb_per_s, _, iops = args.throttle.partition(":")
+        storage = throttle_reads(args.dir, float(mb_per_s), int(iops or 100_000))
     files = sorted(args.dir.glob("*.safetensors"))
     ckpt = TextCheckpoint(args.dir)
     load_before = os.getloadavg()[0]
     results = run_tp(args, ckpt, files) if args.tp else run_single(args, ckpt, files)
     results.update(text_bytes=ckpt.text_bytes, checkpoint_bytes=sum(p.stat().st_size for p in files),
-                   runs=args.runs, disk=disk_info(args.dir), io_uring=io_uring_state(), cpus=os.cpu_count(),
+                   runs=args.runs, disk=disk_info(args.dir), storage=storage, peers=peers_installed(),
+                   io_uring=io_uring_state(), cpus=os.cpu_count(),
                    load_average=[round(load_before, 2), round(os.getloadavg()[0], 2)])
     if results["methods"]["plain"]["median_read_bytes"] < ckpt.text_bytes // 2:
         results["note"] = ("read_bytes stayed near 0: the page cache was not dropped on this filesystem, "
@@ -417,7 +541,9 @@ def main(argv: list[str] | None = None) -> int:
           f"skipped {len(ckpt.skipped)} vision/audio/MTP tensors")
     print(f"disk: {results['disk']}; {results['cpus']} CPUs, load average {results['load_average'][0]} before, "
           f"{results['load_average'][1]} after")
-    print(f"io_uring: {results['io_uring']}")
+    print(f"storage: {results['storage']}; io_uring: {results['io_uring']}")
+    print("peers: " + (", ".join(f"{PEERS[p]} {v}" for p, v in results["peers"].items()) or "none installed")
+          + " (pip install -r requirements/benchmarks.txt)")
     what = f"{args.tp} ranks at once vs one plain read" if args.tp else "one process"
     print(f"{what}; cold cache; {args.runs} runs per method, methods interleaved")
     print(f"{'method':<16} {'min s':>6} {'median':>7} {'max s':>6} {'CPU s':>6} {'read GB':>8} {'read/text':>10} "

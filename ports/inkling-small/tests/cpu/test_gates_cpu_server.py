@@ -5,7 +5,7 @@ port's own model code. Its greedy tokens equal transformers' Inkling on the same
 prefix caching serves part of the prompt; its log carries the port's start-up lines; model-independent
 gates pass on it, semantic gates say they need a trained model, gates whose lengths do not fit say
 so, and the long-prompt gate fails when the streams leave no room for the long prompt. The failing
-configurations are in test_gates_cpu_server_no_prefix_cache.py (a separate module: one server at a time)."""
+configurations are in test_gates_cpu_server_failing.py (a separate module: one server at a time)."""
 from __future__ import annotations
 
 import re
@@ -60,17 +60,16 @@ def test_quick_gates_on_a_healthy_server(server):
 
 
 def test_long_gates_run_beside_each_other(server):
-    code, report, stderr = run_gates(server, "long", "--allow-skip", "needles-long",
-                                     env={"STREAM_WARMUP_S": "3", "STREAM_WINDOW_S": "5"})
+    # the long prompt beside the streams, judged against the share, in test_gates_cpu_server_long_prefill:
+    # here it prefills in 4 chunks, a few seconds, too short to judge a rate on a shared 2-core machine
+    code, report, stderr = run_gates(server, "long", "--only", "needles-long,three-resident",
+                                     "--allow-skip", "needles-long")
     got = rows(report)
     assert code == 0, f"expected exit 0, found {code}:\n{table(report)}\n{stderr[-2000:]}"
     assert got["needles-long"]["passed"] is None and "no length fits" in got["needles-long"]["result"]
     assert got["three-resident"]["passed"] is True
     assert "all 3 running together for" in got["three-resident"]["result"]
     assert "0 preemptions" in got["three-resident"]["result"]
-    assert got["prefill-with-decodes"]["passed"] is True
-    assert "with 16 running" in got["prefill-with-decodes"]["result"]
-    assert "15/15 streams alive" in got["prefill-with-decodes"]["result"]
 
 
 def test_a_skip_nobody_accepted_is_not_a_pass(server):

@@ -121,9 +121,50 @@ def test_three_resident_outputs_outlast_the_prefills_at_any_ratio(gates):
     assert simulate_chunked_prefill(100_000, 2048, 24) < 0
     for prompt, budget in ((100_000, 2048), (3_863, 80), (3_900, 1024), (250_000, 2048)):
         assert simulate_chunked_prefill(prompt, budget, gates.resident_tokens(prompt, budget)) > 0, (prompt, budget)
+    # each decodes until all three started: the most it may decode is the room the context leaves
     gates.SERVER.update(max_model_len=262144)
-    assert gates.resident_sizes() == (100_000, 3 * 49 + 16)
+    assert gates.resident_sizes() == (100_000, gates.RESIDENT_CAP)
     gates.SERVER.update(max_model_len=4096)
     gates.MAX_NUM_BATCHED_TOKENS = 80
     size, tokens = gates.resident_sizes()
-    assert size + tokens <= 4096 - gates.RESERVE and tokens == gates.resident_tokens(size, 80) and size > 3_700   # ratio 47, the page 49
+    assert size + tokens == 4096 - gates.RESERVE and tokens >= 2 * gates.resident_tokens(size, 80), (size, tokens)
+    assert size == 3_648                                                # ratio 46, the page 49
+    gates.MAX_NUM_BATCHED_TOKENS = 1024
+    assert gates.resident_sizes() == (3_776, 256)
+
+
+def decode_only_part(share: float, chunks: int, t_chunk: float, t_decode: float) -> float:
+    """The part of a long prefill that decode-only steps take under the long-prefill share's rule
+    (fix vllm-long-prefill-share: a chunk waits while the chunks' time exceeds `share` of all step time
+    since the prefill began), from its first chunk to the end of its last."""
+    long_time = total = decode_only = 0.0
+    done = 0
+    while done < chunks:
+        if done and long_time > share * total:
+            decode_only += t_decode
+            total += t_decode
+        else:
+            long_time += t_chunk
+            total += t_chunk
+            done += 1
+    return decode_only / total
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize("chunks", [1, 2, 4, 17, 123])
+def test_the_share_floor_is_what_the_scheduler_rule_guarantees(gates, share, chunks):
+    """decode_only_share is a lower bound of what the rule gives at any step costs, and a tight one."""
+    parts = [decode_only_part(share, chunks, t_chunk, t_decode)
+             for t_chunk, t_decode in ((1.4, 0.04), (0.3, 0.05), (2.0, 0.035), (1.0, 0.3))]
+    bound = gates.decode_only_share(share, chunks)
+    assert min(parts) >= bound - 1e-9, (parts, bound)
+    assert min(parts) <= bound + 0.05, (parts, bound)                  # decode steps overshoot by one at most
+    assert gates.share_floor(share, chunks) == pytest.approx(bound - gates.SHARE_TOLERANCE)
+
+
+def test_the_floor_at_the_page_s_settings(gates):
+    # 250,000 tokens beside 15 decodes at --max-num-batched-tokens 2048: 123 chunks, share 0.5
+    assert gates.decode_only_share(0.5, 123) == pytest.approx(0.498, abs=1e-3)
+    assert gates.share_floor(0.5, 123) == pytest.approx(0.448, abs=1e-3)
+    assert gates.share_floor(0.5, 4) == pytest.approx(0.379, abs=1e-3)      # the CPU server: 4,008 at 1,024
+    assert gates.share_floor(1.0, 123) < 0                                 # share 1 promises nothing

@@ -20,10 +20,12 @@ the rows that need a trained model).
           (vLLM's format: sampled token first, then the top k), prefix-cache hit vs cold
           (usage.prompt_tokens_details.cached_tokens), 16 concurrent 4K needles, over-long prompt
           -> HTTP 400, server log lines (one KV group, the pool line, decode window of 5 blocks)
-  long    needles at 200K and 250K, three 100K prompts resident at once (each decodes long enough,
-          from MAX_NUM_BATCHED_TOKENS, to overlap the others' prefills: the latest first token must
-          come before the earliest end; no preemption), a 250K prompt admitted beside DECODE_STREAMS
-          decoding streams (tok/s before, and during from its admission to its end)
+  long    needles at 200K and 250K, three 100K prompts resident at once (each decodes until all three
+          have started: the latest first token must come before the earliest end; no preemption), a
+          250K prompt admitted beside DECODE_STREAMS decoding streams, whose rate while it prefills
+          (from its admission to its first token; tokens counted from vLLM's running usage) must stay
+          at or above the floor the long-prefill share promises: (k-1)(1-s) / ((k-1)(1-s) + k s) - 0.05
+          of their rate before, for share s and k chunks (0.45 at the page's 0.5 and 123 chunks)
 
 Environment:
   BASE_URL          server root, e.g. http://127.0.0.1:8000 (required)
@@ -32,11 +34,16 @@ Environment:
   SERVER_LOG        path of the server's log, for the log gate (skipped when unset)
   COOKBOOK          the cookbook inside the image, for the preflight gate (default /opt/gaudi-cookbook)
   BLOCK_SIZE        the server's --block-size, for the prefix-cache gate (default 128)
-  MAX_NUM_BATCHED_TOKENS  the server's --max-num-batched-tokens, for three-resident (default 2048)
+  MAX_NUM_BATCHED_TOKENS  the server's --max-num-batched-tokens, for the three-resident prompts'
+                    room and the long prompt's chunks (default 2048)
+  VLLM_LONG_PREFILL_SHARE, VLLM_LONG_PREFILL_MIN_TOKENS   the server's long-prefill share and
+                    threshold, as the page exports them (default 0.5, 32768: the page's; a prompt under
+                    the threshold is not judged against the share)
   LOGPROB_REQUESTS  logprobs requests (default 200)
   DECODE_STREAMS    streams beside the long prompt (default 15: --max-num-seqs 16 less one)
   STREAM_WARMUP_S, STREAM_WINDOW_S   seconds before measuring the streams, and measured (30, 30)
   ADMIT_TIMEOUT_S   the long prompt not running beside the streams by then: it queued, fail (120)
+  LONG_PREFILL_TOLERANCE  noise allowed under the share's floor (default 0.05)
   GATE_TIMEOUT      seconds per request (default 900)
 
 Exit codes: 0 every gate was judged and passed, or skipped where accepted; 1 a gate failed; 2 usage

@@ -1,7 +1,7 @@
 """Configurations that must fail, on a real vLLM 0.30.0 CPU server with the port: started with
 --no-enable-prefix-caching, the prefix-cache gate fails (warm runs report cached_tokens 0: it reads
 the counter, not just the output); started with a block size the port refuses, the server does not
-start and says why."""
+start and says why. The stock scheduler failing the long-prompt gate: test_gates_cpu_server_long_prefill."""
 from __future__ import annotations
 
 import pytest
