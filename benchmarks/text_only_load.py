@@ -10,10 +10,8 @@ name table (inkling_hpu.model.weights). Then, in one run, alternating, several t
   plain          each text tensor's byte range read sequentially (buffered) into a fresh tensor:
                  the baseline, no header parsing, no skipping logic
   port           inkling_hpu.loader.TextCheckpoint(...).load(): headers, then text byte ranges
-                 only; the default: O_DIRECT through io_uring where the kernel permits io_uring
-                 (the line "io_uring:" says), else buffered
+                 only; the default: O_DIRECT, 8 requests of 8 MiB in flight from a thread pool
   port_buffered  the same with direct=False (buffered, readahead stopped short of skipped bytes)
-  port_threads   the same with direct=True and io_uring off: O_DIRECT through a thread pool
   safe_open      safetensors.safe_open + get_tensor for every tensor (what a generic loader does)
   plain_reuse    the same reads as plain into one reused 16 MiB buffer, for context: storage speed
                  without the cost of touching fresh memory
@@ -28,8 +26,7 @@ slabs of the same checkpoint at once, vs one plain sequential read of the text b
 
   tp_port          each rank: TextCheckpoint.load(specs, rank, 8) on the checkpoint as it is (the
                    default reads buffered there)
-  tp_port_direct   the same with direct=True: the rank's own slabs by O_DIRECT through io_uring
-  tp_port_threads  the same with direct=True and io_uring off (threads)
+  tp_port_direct   the same with direct=True: the rank's own slabs by O_DIRECT
   tp_presharded    the default load, on a copy of the checkpoint (symlinks) that also holds the port's
                    pre-sharded layout (python -m inkling_hpu.loader presplit DIR --tp 8): each
                    rank reads its own file, which holds only its slabs
@@ -296,31 +293,16 @@ def _consume(tensor: torch.Tensor) -> int:
 # method name -> distribution.
 PEERS = {"runai": "runai-model-streamer", "fastsafetensors": "fastsafetensors"}
 
-# How each port method loads: (direct, io_uring allowed).
-PORT_METHODS = {"port": (None, True), "port_buffered": (False, True), "port_threads": (True, False),
-                "tp_port": (None, True), "tp_port_direct": (True, True), "tp_port_threads": (True, False),
-                "tp_presharded": (None, True)}
+# How each port method loads: its `direct` argument.
+PORT_METHODS = {"port": None, "port_buffered": False, "tp_port": None, "tp_port_direct": True, "tp_presharded": None}
 
 
 def _load(ckpt: TextCheckpoint, method: str, *args, **kwargs):
-    direct, io_uring = PORT_METHODS[method]
-    loader.IO_URING = io_uring
-    try:
-        yield from ckpt.load(*args, direct=direct, **kwargs)
-    finally:
-        loader.IO_URING = True
+    return ckpt.load(*args, direct=PORT_METHODS[method], **kwargs)
 
 
 def run_port(ckpt_dir: Path, method: str = "port") -> int:
     return sum(_consume(tensor) for _, tensor in _load(TextCheckpoint(ckpt_dir), method))
-
-
-def io_uring_state() -> str:
-    ring = loader._open_ring(1)
-    if ring is None:
-        return f"refused or unavailable ({loader._RING_REFUSED}): the default reads buffered"
-    ring.close()
-    return "permitted: the default reads O_DIRECT through io_uring"
 
 
 def run_safe_open(files: list[Path]) -> int:
@@ -443,7 +425,7 @@ def run_tp(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
                                                       barrier, results)) for r in range(world)]
     for w in workers:
         w.start()
-    methods = ["plain", "tp_port", "tp_port_direct", "tp_port_threads", "tp_presharded",
+    methods = ["plain", "tp_port", "tp_port_direct", "tp_presharded",
                *(f"tp_{peer}" for peer in peers_installed())]
     samples: dict[str, list] = {m: [] for m in methods}
     try:
@@ -489,7 +471,6 @@ def run_single(args, ckpt: TextCheckpoint, files: list[Path]) -> dict:
     text_bytes = ckpt.text_bytes
     methods = {"plain": lambda: run_plain(ckpt), "port": lambda: run_port(args.dir),
                "port_buffered": lambda: run_port(args.dir, "port_buffered"),
-               "port_threads": lambda: run_port(args.dir, "port_threads"),
                "safe_open": lambda: run_safe_open(files), "plain_reuse": lambda: run_plain_reused_buffer(ckpt),
                **{peer: (lambda peer=peer: run_peer(ckpt, peer)) for peer in peers_installed()}}
     samples: dict[str, list[tuple[float, int]]] = {m: [] for m in methods}
@@ -528,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_tp(args, ckpt, files) if args.tp else run_single(args, ckpt, files)
     results.update(text_bytes=ckpt.text_bytes, checkpoint_bytes=sum(p.stat().st_size for p in files),
                    runs=args.runs, disk=disk_info(args.dir), storage=storage, peers=peers_installed(),
-                   io_uring=io_uring_state(), cpus=os.cpu_count(),
+                   cpus=os.cpu_count(),
                    load_average=[round(load_before, 2), round(os.getloadavg()[0], 2)])
     if results["methods"]["plain"]["median_read_bytes"] < ckpt.text_bytes // 2:
         results["note"] = ("read_bytes stayed near 0: the page cache was not dropped on this filesystem, "
@@ -541,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
           f"skipped {len(ckpt.skipped)} vision/audio/MTP tensors")
     print(f"disk: {results['disk']}; {results['cpus']} CPUs, load average {results['load_average'][0]} before, "
           f"{results['load_average'][1]} after")
-    print(f"storage: {results['storage']}; io_uring: {results['io_uring']}")
+    print(f"storage: {results['storage']}")
     print("peers: " + (", ".join(f"{PEERS[p]} {v}" for p, v in results["peers"].items()) or "none installed")
           + " (pip install -r requirements/benchmarks.txt)")
     what = f"{args.tp} ranks at once vs one plain read" if args.tp else "one process"
@@ -555,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tp:
         slabs = results["rank_slab_bytes"]
         print(f"per rank (GB, medians): own slab {slabs[0] / 1e9:.3f} each ({sum(slabs) / ckpt.text_bytes:.3f}x "
-              f"text in all); asked = bytes read() from the file system (io_uring reads are not counted there), "
+              f"text in all); asked = bytes read() from the file system, "
               f"storage = /proc io read_bytes")
         for name, r in results["methods"].items():
             if name == "plain":

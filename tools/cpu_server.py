@@ -258,6 +258,12 @@ def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: i
 # the preflight runs inside the port image; the mid and long needles need a context beyond the CPU
 # variant's 4,096 tokens. The rows that need a trained model are accepted by STAND_IN=1.
 CPU_SERVER_SKIPS = {"quick": "preflight,needles-mid", "long": "needles-long"}
+# The long gates run on a 16K context: the long prompt then prefills in 17 chunks, long enough to
+# judge the streams' rate beside it (4K: 4 chunks, a few seconds).
+LONG_GATES_CONTEXT = 16384
+# Noise allowed under the long-prefill share's floor on a shared 2-core machine (0.05 on a node):
+# the ratio at share 0.5 measured 0.39-0.65 here against 0.50 expected.
+CPU_SERVER_SHARE_TOLERANCE = "0.15"
 
 
 def server_flag(cmd: list[str], flag: str) -> str | None:
@@ -279,9 +285,9 @@ STOCK_SCHEDULER_ENV = dict.fromkeys(LONG_PREFILL_ENV)
 
 def gate_env(server: CpuServer) -> dict:
     """Environment for run_gates.sh against this server: a stand-in model, its log, its batch budget,
-    its long-prefill share."""
-    env = {**os.environ, "BASE_URL": server.base_url, "SERVER_LOG": str(server.log), "STAND_IN": "1",
-           **{k: server.env[k] for k in LONG_PREFILL_ENV if k in server.env}}
+    its long-prefill share, this machine's noise under the share's floor."""
+    env = {"LONG_PREFILL_TOLERANCE": CPU_SERVER_SHARE_TOLERANCE, **os.environ, "BASE_URL": server.base_url,
+           "SERVER_LOG": str(server.log), "STAND_IN": "1", **{k: server.env[k] for k in LONG_PREFILL_ENV if k in server.env}}
     budget = server_flag(server.cmd, "--max-num-batched-tokens")
     return {**env, "MAX_NUM_BATCHED_TOKENS": budget} if budget else env
 
@@ -305,7 +311,8 @@ def main(argv=None) -> int:
     extra = parallel_args(args.tensor_parallel_size, args.pipeline_parallel_size)
     extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
-    server = prepared(log, extra, args.port)
+    context = LONG_GATES_CONTEXT if args.command == "gates" and args.mode == "long" else None
+    server = prepared(log, extra, args.port, max_model_len=context)
     with server:
         print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
         if args.command == "serve":

@@ -5,12 +5,11 @@ and the MTP draft head (`model.mtp.*`). The port serves text only, so their byte
 the loader parses each safetensors header (8-byte length + JSON), then reads only the byte ranges
 of the tensors it needs, and for a tensor-parallel rank only that rank's slice where the slice is
 contiguous (or a few large contiguous pieces). By default the bytes are read with O_DIRECT
-through io_uring (a fixed number of requests kept in flight, straight into the tensors, no
-threads) where the kernel permits io_uring and the file system has O_DIRECT, and the file is not
-already in the page cache, except by tensor-parallel ranks reading the checkpoint in place;
-otherwise they are read buffered, with the kernel's readahead
-stopped short of the skipped tensors and the rest prefetched exactly. direct=True forces O_DIRECT
-(io_uring, or threads where io_uring is refused); direct=False forces buffered reads.
+by a few threads (a fixed number of requests kept in flight, straight into the tensors) where the
+file system has O_DIRECT and the file is not already in the page cache, except by tensor-parallel
+ranks reading the checkpoint in place; otherwise they are read buffered, with the kernel's
+readahead stopped short of the skipped tensors and the rest prefetched exactly. direct=True forces
+O_DIRECT; direct=False forces buffered reads.
 benchmarks/text_only_load.py measures bytes read and throughput against a plain read, in one
 process and with 8 ranks at once.
 
@@ -22,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import hashlib
 import itertools
 import json
 import math
 import mmap
 import os
-import platform
 import re
 import struct
 import sys
@@ -61,14 +58,14 @@ MIN_STRIDED_PIECE_BYTES = 1 << 20
 # window must exceed how far readahead runs ahead (16.8 MiB measured at read_ahead_kb 8192), yet
 # stays small so storage sees one near-sequential stream (32 MiB measured best of 24-128 MiB).
 # O_DIRECT (offsets, lengths and buffers aligned to DIRECT_ALIGN) keeps READ_THREADS chunks in
-# flight, across tensor boundaries: io_uring requests where permitted (IO_URING), else threads.
+# flight, across tensor boundaries, by as many threads (measured faster than io_uring driven from
+# Python on the machines tried: benchmarks/text_only_load.py).
 READ_CHUNK_BYTES = 8 << 20
 PREFETCH_BYTES = 32 << 20
 PREFETCH_CALL_BYTES = 2 << 20
 READAHEAD_TAIL_BYTES = 64 << 20
 DIRECT_ALIGN = 4096
 READ_THREADS = 8
-IO_URING = True
 # By default (direct=None) a file more than this share of whose own bytes is in the page cache
 # already is read buffered: O_DIRECT would read them from storage again.
 CACHED_SHARE_BUFFERED = 0.5
@@ -270,10 +267,10 @@ class TextCheckpoint:
         specs None loads every text tensor whole (no sharding checks). With specs, every spec
         must be present with its shape, and (unless allow_unexpected) every text tensor of the
         checkpoint must be asked for, so a config that does not match the checkpoint is refused
-        rather than half-loaded. direct=None (the default) reads with O_DIRECT through io_uring
-        where both are available and the file is not mostly in the page cache, else buffered;
-        ranks of world_size > 1 reading the checkpoint in place read buffered; direct=True reads them with O_DIRECT where the file system has it
-        (io_uring, or threads); direct=False reads buffered (see _FileReader). With specs and
+        rather than half-loaded. direct=None (the default) reads with O_DIRECT where the file system
+        has it and the file is not mostly in the page cache, else buffered; ranks of world_size > 1
+        reading the checkpoint in place read buffered; direct=True reads them with O_DIRECT where
+        the file system has it; direct=False reads buffered (see _FileReader). With specs and
         world_size > 1, a pre-sharded layout of this checkpoint for world_size (write_presharded)
         is read instead when present."""
         if not 0 <= rank < world_size:
@@ -297,19 +294,16 @@ class TextCheckpoint:
             direct = False
         plan.sort(key=lambda item: (str(item[0].file), item[0].begin))
         reads = [_plan_read(entry, spec, rank, world_size) for entry, spec in plan]
-        ring = _open_ring(READ_THREADS) if direct is not False else None
-        pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="inkling-load") if direct and ring is None else None
+        pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="inkling-load") if direct is not False else None
         try:
             for path, group in itertools.groupby(reads, key=lambda read: read.entry.file):
                 file_reads = list(group)
-                with _FileReader(path, file_reads, direct, ring, pool) as reader:
+                with _FileReader(path, file_reads, direct, pool) as reader:
                     for read in file_reads:
                         yield read.entry.name, reader.read(read)
         finally:
             if pool is not None:
                 pool.shutdown()
-            if ring is not None:
-                ring.close()
 
 
 @dataclass(frozen=True)
@@ -366,31 +360,28 @@ class _FileReader:
     sees those bytes once. The small-piece slabs are taken through a mapping of the file: a rank
     copies only its own elements, not the whole tensor.
 
-    O_DIRECT (direct=True, or the default where io_uring is permitted and the file's own bytes
-    are not mostly cached): the rank's own slabs (not the shared bytes, which still go through the
+    O_DIRECT (direct=True, or the default where the file's own bytes are not mostly cached): the rank's own slabs (not the shared bytes, which still go through the
     page cache) are read in READ_CHUNK_BYTES requests straight into the tensors, READ_THREADS in
     flight and kept in flight across tensor boundaries (_DirectQueue). File systems without
     O_DIRECT (e.g. ramfs) are read buffered."""
 
-    def __init__(self, path: Path, reads: list[_Read], direct: bool | None, ring: "_Ring | None",
-                 pool: ThreadPoolExecutor | None):
+    def __init__(self, path: Path, reads: list[_Read], direct: bool | None, pool: ThreadPoolExecutor | None):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
         self.readahead_fd = self.direct_fd = None
         self.queue: _DirectQueue | None = None
         self.map: mmap.mmap | None = None
         try:
-            self._setup(reads, direct, ring, pool)
+            self._setup(reads, direct, pool)
         except BaseException:
             self.__exit__()
             raise
 
-    def _setup(self, reads: list[_Read], direct: bool | None, ring: "_Ring | None",
-               pool: ThreadPoolExecutor | None) -> None:
+    def _setup(self, reads: list[_Read], direct: bool | None, pool: ThreadPoolExecutor | None) -> None:
         _fadvise(self.fd, 0, 0, getattr(os, "POSIX_FADV_RANDOM", 0))
         self.readahead_fd = os.open(self.path, os.O_RDONLY)
         own = [read for read in reads if not read.shared and read.narrow is None]
-        if own and (direct or (direct is None and ring is not None)):
+        if own and direct is not False:
             try:
                 self.direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
             except OSError:
@@ -399,7 +390,7 @@ class _FileReader:
                 os.close(self.direct_fd)
                 self.direct_fd = None
         if self.direct_fd is not None:
-            self.queue = _DirectQueue(self.path, self.direct_fd, [r for r in reads if self._direct(r)], ring, pool)
+            self.queue = _DirectQueue(self.path, self.direct_fd, [r for r in reads if self._direct(r)], pool)
         buffered = [read for read in reads if not self._direct(read)]
         self.readahead_end = _readahead_ends(buffered)
         # The exact parts, with their place in the order of the copy, for the prefetch.
@@ -515,21 +506,18 @@ def _pread_into(fd: int, out: memoryview, offset: int) -> int:
 class _DirectQueue:
     """O_DIRECT reads of one file's own ranges, READ_CHUNK_BYTES requests of which READ_THREADS are
     kept in flight ahead of the copy, across tensor boundaries (waiting for one tensor's last
-    request before asking for the next tensor's left storage idle). Through io_uring (one ring,
-    no threads, the requests straight into the tensors) or, without it, a thread pool (preadv
-    releases the GIL). Each range is read into its own buffer, the range rounded out to
-    DIRECT_ALIGN (offset, length and address aligned); EOF may cut that padding, never the range."""
+    request before asking for the next tensor's left storage idle), through a thread pool (preadv
+    releases the GIL), straight into the tensors. Each range is read into its own buffer, the range
+    rounded out to DIRECT_ALIGN (offset, length and address aligned); EOF may cut that padding, never
+    the range."""
 
-    def __init__(self, path: Path, fd: int, reads: list[_Read], ring: "_Ring | None",
-                 pool: ThreadPoolExecutor | None):
-        self.path, self.fd, self.ring, self.pool = path, fd, ring, pool
+    def __init__(self, path: Path, fd: int, reads: list[_Read], pool: ThreadPoolExecutor):
+        self.path, self.fd, self.pool = path, fd, pool
         self.ranges = [(read.entry, offset, length) for read in reads for offset, length in read.ranges]
         self.buffers: dict[int, list] = {}     # range index: [aligned buffer, file start, requests left]
         self.jobs = self._jobs()
-        self.retry: list[tuple] = []
         self.short: dict[int, int] = {}        # range index: bytes before EOF, for a range it cuts
-        self.inflight: dict[int, tuple] = {}   # tag: job (ring) / Future: job (pool)
-        self.tags = itertools.count()
+        self.inflight: dict = {}               # Future: job
         self.taken = 0                         # ranges handed out so far
 
     def _jobs(self) -> Iterator[tuple[int, int, int, int]]:
@@ -560,39 +548,24 @@ class _DirectQueue:
 
     def _submit(self, job: tuple) -> None:
         index, begin, offset, length = job
-        buf = self.buffers[index][0]
-        if self.ring is not None:
-            tag = next(self.tags)
-            self.ring.read(self.fd, buf.data_ptr() + begin, length, offset, tag)
-            self.inflight[tag] = job
-        else:
-            out = memoryview(buf.numpy())[begin:begin + length]
-            self.inflight[self.pool.submit(_pread_into, self.fd, out, offset)] = job
+        out = memoryview(self.buffers[index][0].numpy())[begin:begin + length]
+        self.inflight[self.pool.submit(_pread_into, self.fd, out, offset)] = job
 
     def _pump(self) -> None:
         """Fill the queue to READ_THREADS requests, then wait for at least one to complete."""
         while len(self.inflight) < READ_THREADS:
-            job = self.retry.pop() if self.retry else next(self.jobs, None)
+            job = next(self.jobs, None)
             if job is None:
                 break
             self._submit(job)
         if not self.inflight:
             raise RuntimeError("direct read queue: nothing in flight for a range not yet read")
-        if self.ring is not None:
-            done = [(self.inflight.pop(tag), res) for tag, res in self.ring.wait()]
-        else:
-            finished, _ = wait(list(self.inflight), return_when=FIRST_COMPLETED)
-            done = [(self.inflight.pop(f), f.result()) for f in finished]
-        for job, res in done:
-            self._complete(job, res)
+        finished, _ = wait(list(self.inflight), return_when=FIRST_COMPLETED)
+        for future in finished:
+            self._complete(self.inflight.pop(future), future.result())
 
     def _complete(self, job: tuple, res: int) -> None:
         index, begin, offset, length = job
-        if res < 0:
-            raise OSError(-res, f"{os.strerror(-res)} (O_DIRECT read of {length} bytes at {offset})", str(self.path))
-        if 0 < res < length and res % DIRECT_ALIGN == 0 and self.ring is not None:
-            self.retry.append((index, begin + res, offset + res, length - res))     # short, not at EOF
-            return
         if res < length:                                  # EOF: an error once this range is taken
             _, range_offset, range_length = self.ranges[index]
             if offset + res < range_offset + range_length:
@@ -602,140 +575,9 @@ class _DirectQueue:
 
     def close(self) -> None:
         """Wait out the requests still in flight (a load stopped early, or failed)."""
-        if self.ring is not None:
-            while self.inflight:
-                for tag, _ in self.ring.wait():
-                    self.inflight.pop(tag, None)
-        else:
-            wait(list(self.inflight))
+        wait(list(self.inflight))
         self.inflight.clear()
         self.buffers.clear()
-
-
-# io_uring, through its two system calls and the shared rings (no library): only READ requests,
-# one thread submitting. x86-64 only: there, plain stores and loads on the rings are ordered as
-# the kernel expects (elsewhere they would need explicit barriers).
-_SYS_IO_URING_SETUP, _SYS_IO_URING_ENTER = 425, 426
-_IORING_OFF_SQ_RING, _IORING_OFF_CQ_RING, _IORING_OFF_SQES = 0, 0x8000000, 0x10000000
-_IORING_FEAT_SINGLE_MMAP = 1
-_IORING_ENTER_GETEVENTS = 1
-_IORING_OP_READ = 22
-_SQE = struct.Struct("<BBHiQQIIQHHiQQ")     # struct io_uring_sqe, 64 bytes
-_CQE = struct.Struct("<QiI")                # struct io_uring_cqe, 16 bytes
-
-
-class _RingOffsets(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint32) for name in ("head", "tail", "ring_mask", "ring_entries", "flags_or_overflow",
-                                                     "dropped_or_cqes", "array_or_flags", "resv1")] + [
-        ("user_addr", ctypes.c_uint64)]
-
-
-class _RingParams(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint32) for name in ("sq_entries", "cq_entries", "flags", "sq_thread_cpu",
-                                                     "sq_thread_idle", "features", "wq_fd")] + [
-        ("resv", ctypes.c_uint32 * 3), ("sq_off", _RingOffsets), ("cq_off", _RingOffsets)]
-
-
-class _Ring:
-    """One io_uring instance: read(...) queues a request, wait() submits what is queued and
-    returns [(tag, result)] for at least one completed request."""
-
-    def __init__(self, entries: int):
-        libc = _libc()
-        self.syscall = libc.syscall
-        self.syscall.restype = ctypes.c_long
-        params = _RingParams()
-        fd = self.syscall(_SYS_IO_URING_SETUP, ctypes.c_uint(entries), ctypes.byref(params))
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"io_uring_setup: {os.strerror(err)}")
-        self.fd, self.maps = fd, []
-        try:
-            sq, cq = params.sq_off, params.cq_off
-            sq_bytes = sq.array_or_flags + params.sq_entries * 4
-            cq_bytes = cq.dropped_or_cqes + params.cq_entries * _CQE.size
-            if params.features & _IORING_FEAT_SINGLE_MMAP:
-                sq_bytes = cq_bytes = max(sq_bytes, cq_bytes)
-            self.sq = self._map(sq_bytes, _IORING_OFF_SQ_RING)
-            self.cq = self.sq if params.features & _IORING_FEAT_SINGLE_MMAP else self._map(cq_bytes, _IORING_OFF_CQ_RING)
-            self.sqes = self._map(params.sq_entries * _SQE.size, _IORING_OFF_SQES)
-        except BaseException:
-            self.close()
-            raise
-        u32 = ctypes.c_uint32
-        self.sq_head, self.sq_tail = u32.from_buffer(self.sq, sq.head), u32.from_buffer(self.sq, sq.tail)
-        self.sq_mask = u32.from_buffer(self.sq, sq.ring_mask).value
-        self.sq_array = (u32 * params.sq_entries).from_buffer(self.sq, sq.array_or_flags)
-        self.cq_head, self.cq_tail = u32.from_buffer(self.cq, cq.head), u32.from_buffer(self.cq, cq.tail)
-        self.cq_mask = u32.from_buffer(self.cq, cq.ring_mask).value
-        self.cqes = cq.dropped_or_cqes
-        self.entries, self.queued = params.sq_entries, 0
-
-    def _map(self, length: int, offset: int) -> mmap.mmap:
-        mapped = mmap.mmap(self.fd, length, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                           mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
-        self.maps.append(mapped)
-        return mapped
-
-    def read(self, fd: int, address: int, length: int, offset: int, tag: int) -> None:
-        tail = self.sq_tail.value
-        if tail - self.sq_head.value >= self.entries:
-            raise RuntimeError("io_uring submission queue full")
-        index = tail & self.sq_mask
-        _SQE.pack_into(self.sqes, index * _SQE.size, _IORING_OP_READ, 0, 0, fd, offset, address, length, 0, tag,
-                       0, 0, 0, 0, 0)
-        self.sq_array[index] = index
-        self.sq_tail.value = tail + 1
-        self.queued += 1
-
-    def wait(self) -> list[tuple[int, int]]:
-        while True:
-            if self.cq_head.value == self.cq_tail.value or self.queued:
-                n = self.syscall(_SYS_IO_URING_ENTER, ctypes.c_uint(self.fd), ctypes.c_uint(self.queued),
-                                 ctypes.c_uint(1), ctypes.c_uint(_IORING_ENTER_GETEVENTS), None, ctypes.c_size_t(0))
-                if n < 0:
-                    err = ctypes.get_errno()
-                    if err in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
-                        continue
-                    raise OSError(err, f"io_uring_enter: {os.strerror(err)}")
-                self.queued -= n
-            head, tail, done = self.cq_head.value, self.cq_tail.value, []
-            while head != tail:
-                tag, res, _ = _CQE.unpack_from(self.cq, self.cqes + (head & self.cq_mask) * _CQE.size)
-                done.append((tag, res))
-                head += 1
-            self.cq_head.value = head
-            if done:
-                return done
-
-    def close(self) -> None:
-        for name in ("sq_head", "sq_tail", "sq_array", "cq_head", "cq_tail"):
-            self.__dict__.pop(name, None)        # ctypes views keep the maps open
-        for mapped in self.maps:
-            mapped.close()
-        self.maps = []
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-_RING_REFUSED: str | None = None     # why io_uring is not used here (once refused, not asked again)
-
-
-def _open_ring(entries: int) -> _Ring | None:
-    """A ring for O_DIRECT reads, or None where io_uring is off (IO_URING), not x86-64 Linux, or
-    refused by the kernel (io_uring_disabled, a container's seccomp filter: ENOSYS or EPERM)."""
-    global _RING_REFUSED
-    if not IO_URING or _RING_REFUSED is not None:
-        return None
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        _RING_REFUSED = f"not x86-64 Linux ({sys.platform} {platform.machine()})"
-        return None
-    try:
-        return _Ring(entries)
-    except (OSError, AttributeError, ValueError) as exc:
-        _RING_REFUSED = str(exc)
-        return None
 
 
 def _cached_share(fd: int, reads: list[_Read]) -> float:

@@ -91,24 +91,13 @@ def _assert_equal_to_safe_open(ckpt_dir: Path, loaded: dict[str, torch.Tensor]) 
     assert seen == set(loaded)
 
 
-# buffered: direct=False; direct: O_DIRECT through io_uring where the kernel permits it (else the
-# threads); direct_threads: O_DIRECT through the thread pool (io_uring off).
-READ_PATHS = ["buffered", "direct", "direct_threads"]
+# buffered: direct=False; direct: O_DIRECT through the thread pool.
+READ_PATHS = ["buffered", "direct"]
 
 
 @pytest.fixture()
-def direct(request, monkeypatch) -> bool:
-    if request.param == "direct_threads":
-        monkeypatch.setattr(loader, "IO_URING", False)
+def direct(request) -> bool:
     return request.param != "buffered"
-
-
-def _io_uring_permitted() -> bool:
-    ring = loader._open_ring(1)
-    if ring is None:
-        return False
-    ring.close()
-    return True
 
 
 @pytest.fixture()
@@ -293,16 +282,14 @@ def test_file_truncated_after_indexing_fails_while_reading(checkpoint, direct):
         list(ckpt.load(direct=direct))
 
 
-def test_default_reads_cold_files_with_o_direct_through_io_uring(checkpoint, monkeypatch):
-    """The default: cold files go through io_uring (O_DIRECT, several requests in flight); files
-    mostly in the page cache already are read buffered (O_DIRECT would go to storage again)."""
-    if not _io_uring_permitted():
-        pytest.skip(f"io_uring not permitted here: {loader._RING_REFUSED}")
+def test_default_reads_cold_files_with_o_direct(checkpoint, monkeypatch):
+    """The default: cold files are read with O_DIRECT (several requests in flight); files mostly in
+    the page cache already are read buffered (O_DIRECT would go to storage again)."""
     ckpt_dir, _ = checkpoint
     ckpt = TextCheckpoint(ckpt_dir)
     requests = []
-    real_read = loader._Ring.read
-    monkeypatch.setattr(loader._Ring, "read", lambda ring, *args: requests.append(args[3]) or real_read(ring, *args))
+    real_submit = loader._DirectQueue._submit
+    monkeypatch.setattr(loader._DirectQueue, "_submit", lambda queue, job: requests.append(job) or real_submit(queue, job))
     monkeypatch.setattr(loader, "READ_CHUNK_BYTES", 64 << 10)       # many requests in flight at once
     dict(ckpt.load())                                                # now in the page cache
     assert requests == []
@@ -328,32 +315,8 @@ def test_default_tensor_parallel_ranks_in_place_read_buffered(checkpoint, monkey
     assert queues == []
     name = "model.llm.layers.0.attn.wq_du.weight"
     assert torch.equal(torch.cat([p[name] for p in per_rank]), text[name])
-    if _io_uring_permitted():
-        dict(ckpt.load(specs, rank=0, world_size=2, direct=True))
-        assert queues
-
-
-@pytest.mark.parametrize("error", [38, 1], ids=["ENOSYS", "EPERM"])
-def test_io_uring_refused_falls_back(checkpoint, monkeypatch, error):
-    """A kernel or container (seccomp) that refuses io_uring_setup: the default reads buffered,
-    direct=True through threads; the refusal is remembered, not asked again."""
-    ckpt_dir, _ = checkpoint
-    calls = []
-
-    def refused(entries):
-        calls.append(entries)
-        raise OSError(error, os.strerror(error))
-    monkeypatch.setattr(loader, "_Ring", refused)
-    monkeypatch.setattr(loader, "_RING_REFUSED", None)
-    monkeypatch.setattr(loader, "CACHED_SHARE_BUFFERED", 1.0)        # cache or not, would read O_DIRECT
-    queues = []
-    real_queue = loader._DirectQueue
-    monkeypatch.setattr(loader, "_DirectQueue", lambda *args: queues.append(args) or real_queue(*args))
-    _assert_equal_to_safe_open(ckpt_dir, dict(TextCheckpoint(ckpt_dir).load()))
-    assert queues == [] and loader._RING_REFUSED
-    _assert_equal_to_safe_open(ckpt_dir, dict(TextCheckpoint(ckpt_dir).load(direct=True)))
-    assert queues and all(args[3] is None and args[4] is not None for args in queues)   # no ring, threads
-    assert len(calls) == 1
+    dict(ckpt.load(specs, rank=0, world_size=2, direct=True))
+    assert queues
 
 
 @pytest.mark.parametrize("direct", READ_PATHS, indirect=True)

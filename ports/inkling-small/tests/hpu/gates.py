@@ -687,8 +687,8 @@ def long_prompt_beside_streams(n: int, size: int, warmup_s: float, window_s: flo
 # 32768-token threshold before `vllm serve`: run the gates in that shell, or set them). Unset: the page's.
 LONG_PREFILL_SHARE = float(os.environ.get("VLLM_LONG_PREFILL_SHARE") or "0.5")
 LONG_PREFILL_MIN_TOKENS = int(os.environ.get("VLLM_LONG_PREFILL_MIN_TOKENS") or "32768")
-# Run-to-run noise allowed in the ratio: 0.05 on a dedicated node; the shared 2-core CPU server's tests
-# allow 0.15 (the ratio at share 0.5 measured 0.39-0.65 there against 0.50 expected).
+# Run-to-run noise allowed in the ratio: 0.05 on a dedicated node (the CPU server, a shared 2-core
+# machine, allows more: tools/cpu_server.CPU_SERVER_SHARE_TOLERANCE).
 SHARE_TOLERANCE = float(os.environ.get("LONG_PREFILL_TOLERANCE") or "0.05")
 
 
