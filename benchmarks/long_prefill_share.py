@@ -117,8 +117,7 @@ def cpu_server_mode(args) -> int:
     plugin = cpu_server.port_install(venv)
     model = cpu_server.tiny_model(venv, plugin, max_position=mml)
     configs = [("share unset (stock)", cpu_server.STOCK_SCHEDULER_ENV),
-               ("share 0.5", {"VLLM_LONG_PREFILL_SHARE": "0.5", "VLLM_LONG_PREFILL_SHARE_ASYNC": "1",
-                              "VLLM_LONG_PREFILL_MIN_TOKENS": "2048"})]   # the recipe's CPU variant, stated
+               ("share 0.5", {})]                      # the recipe's CPU variant: share 0.5, _ASYNC=1, 2048
     streams, size, rows = NUM_STREAMS - 1, mml - gates.RESERVE - 24, []
     for label, env in configs:
         log = REPO / "build" / "cpu-server" / f"bench-{label.split()[0]}-{label.split()[1]}.log"

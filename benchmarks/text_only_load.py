@@ -170,6 +170,14 @@ def drop_cache(files: list[Path]) -> None:
             os.close(fd)
 
 
+def _disk_sysdir(path: Path) -> Path:
+    """The sysfs directory of the disk the path is on (a partition's parent: the disk has the queue
+    attributes, and block throttling takes disks)."""
+    dev = os.stat(path.resolve()).st_dev
+    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+    return sysdir.parent if (sysdir / "partition").is_file() else sysdir
+
+
 def disk_info(path: Path) -> str:
     """The mount and block device the checkpoint is on, so figures from different disks are not mixed."""
     real = str(path.resolve())
@@ -179,8 +187,7 @@ def disk_info(path: Path) -> str:
         if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best[1]):
             best = (device, mount, fstype)
     dev = os.stat(real).st_dev
-    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    queue = sysdir / "queue" if (sysdir / "queue").is_dir() else sysdir / ".." / "queue"
+    queue = _disk_sysdir(path) / "queue"
 
     def attr(name: str) -> str:
         try:
@@ -194,13 +201,6 @@ def disk_info(path: Path) -> str:
             f"scheduler {attr('scheduler')})")
 
 
-def whole_disk(path: Path) -> str:
-    """major:minor of the disk the path is on (a partition's parent: block throttling takes disks)."""
-    dev = os.stat(path.resolve()).st_dev
-    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    if (sysdir / "partition").is_file():
-        return (sysdir.resolve().parent / "dev").read_text().strip()
-    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 def _leave_group(group: Path) -> None:
@@ -212,7 +212,7 @@ def throttle_reads(path: Path, mb_per_s: float, iops: int) -> str:
     """Move this process (and the ranks it starts later) into a block-I/O cgroup that caps reads from
     the checkpoint's disk at `mb_per_s` MB/s and `iops` requests/s: storage that behaves like a
     network share (bandwidth and requests both bounded). cgroup v1 blkio or v2 io; needs root."""
-    disk, rate = whole_disk(path), int(mb_per_s * 1e6)
+    disk, rate = (_disk_sysdir(path) / "dev").read_text().strip(), int(mb_per_s * 1e6)
     v1 = Path("/sys/fs/cgroup/blkio")
     group = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"text-only-load-{os.getpid()}"
     try:
@@ -377,12 +377,12 @@ def _rank_worker(rank: int, world_size: int, directory: str, presharded: str, co
     (and the parent's clock) pass the barrier. Reports seconds, storage bytes, bytes asked of the
     file system (rchar), the bytes of the tensors it got and CPU seconds."""
     specs = tp_specs(TextCheckpoint(directory))
+    dims = {spec.name: spec.shard_dim for spec in specs}
     while (method := commands.get()) is not None:
         barrier.wait()
         before, cpu, start = _io_counters(), _cpu_seconds(), time.perf_counter()
         ckpt = TextCheckpoint(presharded if method == "tp_presharded" else directory)
         if method.startswith("tp_") and method[3:] in PEERS:      # whole tensors, then the rank's slab
-            dims = {spec.name: spec.shard_dim for spec in specs}
             loaded = ((name, rank_slab(t, dims[name], rank, world_size)) for name, t in peer_tensors(ckpt, method[3:]))
         else:
             loaded = _load(ckpt, method, specs, rank=rank, world_size=world_size)
