@@ -89,12 +89,14 @@ def test_a_skip_is_not_a_pass(gates):
     assert code == gates.EXIT_FAILED == 1
 
 
-def simulate_chunked_prefill(prompt: int, budget: int, max_tokens: int, requests: int = 3) -> float:
+def simulate_chunked_prefill(prompt: int, budget: int, max_tokens: int, requests: int = 3,
+                             decode_only_per_chunk: int = 0) -> float:
     """Steps of a chunked-prefill scheduler (decodes first, one token each; the rest of the budget to
-    prefills in arrival order): the latest first token's step less the earliest end's (< 0: the
-    three were never all running)."""
+    prefills in arrival order; with the long-prefill share, `decode_only_per_chunk` decode-only steps
+    after each step that carried a chunk): the latest first token's step less the earliest end's (< 0:
+    the three were never all running)."""
     left, out, first, end = [prompt] * requests, [0] * requests, [None] * requests, [None] * requests
-    step = 0
+    step = deferred = 0
     while None in end:
         step += 1
         room = budget
@@ -104,11 +106,15 @@ def simulate_chunked_prefill(prompt: int, budget: int, max_tokens: int, requests
                 room -= 1
                 if out[r] == max_tokens:
                     end[r] = step
+        if deferred:                                    # a decode-only step: the share defers the chunk
+            deferred -= 1
+            continue
         for r in range(requests):                       # prefill chunks
             if left[r] and room:
                 chunk = min(left[r], room)
                 left[r] -= chunk
                 room -= chunk
+                deferred = decode_only_per_chunk
                 if not left[r]:
                     first[r], out[r] = step, 1          # the prefill's step samples the first token
     return min(end) - max(first)
@@ -125,12 +131,24 @@ def test_three_resident_outputs_outlast_the_prefills_at_any_ratio(gates):
     gates.SERVER.update(max_model_len=262144)
     assert gates.resident_sizes() == (100_000, gates.RESIDENT_CAP)
     gates.SERVER.update(max_model_len=4096)
-    gates.MAX_NUM_BATCHED_TOKENS = 80
+    gates.MAX_NUM_BATCHED_TOKENS = 64
     size, tokens = gates.resident_sizes()
-    assert size + tokens == 4096 - gates.RESERVE and tokens >= 2 * gates.resident_tokens(size, 80), (size, tokens)
-    assert size == 3_648                                                # ratio 46, the page 49
+    assert size + tokens == 4096 - gates.RESERVE and tokens >= 2 * gates.resident_tokens(size, 64), (size, tokens)
+    assert (size, tokens) == (3_008, gates.RESIDENT_ROOM_MIN)          # ratio 47, the page 49
     gates.MAX_NUM_BATCHED_TOKENS = 1024
-    assert gates.resident_sizes() == (3_776, 256)
+    assert gates.resident_sizes() == (3_008, gates.RESIDENT_ROOM_MIN)
+
+
+def test_three_resident_room_outlasts_the_long_prefill_share(gates):
+    """With the long-prefill share a decode-only step follows each chunk for about every (chunk step /
+    decode step) of time: residents capped at resident_tokens end before the third starts, as the
+    old 256-token room did on a busy CPU server (overlap -2.58 s at a budget of 1024). The room
+    resident_sizes leaves holds at ratios several times those the CPU server shows (2-4 at a budget
+    of 64, 20-40 at 1024), and the page's 32,768 at 100K prompts holds at 100."""
+    assert simulate_chunked_prefill(3_776, 1024, 256, decode_only_per_chunk=40) < 0
+    for prompt, budget, ratio in ((3_008, 64, 12), (3_008, 1024, 120), (100_000, 2048, 100)):
+        tokens = min(gates.RESIDENT_CAP, max(gates.RESIDENT_ROOM_MIN, 2 * gates.resident_tokens(prompt, budget)))
+        assert simulate_chunked_prefill(prompt, budget, tokens, decode_only_per_chunk=ratio) > 0, (prompt, budget)
 
 
 def decode_only_part(share: float, chunks: int, t_chunk: float, t_decode: float) -> float:

@@ -529,16 +529,19 @@ def resident_tokens(prompt: int, budget: int | None = None, requests: int = 3) -
 
 
 RESIDENT_CAP = 32_768   # the most output tokens a resident decodes while it waits for the others to start
+# The least room a resident gets to decode in. With the long-prefill share, decode-only steps come between
+# the chunks, each a token for every running request: about (chunk step time / decode step time) per chunk
+# at share 0.5, a ratio resident_tokens cannot know (the CPU server: 2-4 at a budget of 64, 20-40 at 1024).
+RESIDENT_ROOM_MIN = 1024
 ANSWER_TOKENS = 24      # a needle's answer
 
 
 def resident_sizes(target: int = 100_000) -> tuple[int, int]:
     """(prompt tokens, the most output tokens each) for the three-resident gate: the page's 100K, or what
-    leaves room for twice resident_tokens (at least 256: with the long-prefill share, decode-only steps
-    come between the chunks and each gives the running requests a token)."""
+    leaves room for twice resident_tokens and at least RESIDENT_ROOM_MIN."""
     limit = max_model_len() - RESERVE
     size = min(target, limit)
-    while limit - size < max(256, 2 * resident_tokens(size)):
+    while limit - size < max(RESIDENT_ROOM_MIN, 2 * resident_tokens(size)):
         size -= 128
     return size, min(limit - size, RESIDENT_CAP)
 
@@ -563,7 +566,8 @@ def timed_needle(size: int, max_tokens: int, seed: int, started: list | None = N
 
     out = stream_chat(messages, on_delta=on_delta, max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                       chat_template_kwargs={"reasoning_effort": "none"})
-    return {"first": first[0] if first else None, "end": time.perf_counter(), "found": code in out["content"]}
+    return {"first": first[0] if first else None, "end": time.perf_counter(), "found": code in out["content"],
+            "tokens": tokens[0]}
 
 
 def gate_three_resident() -> tuple[bool | None, str]:
@@ -589,7 +593,8 @@ def gate_three_resident() -> tuple[bool | None, str]:
                f"never all 3 running together (overlap {'none' if overlap is None else f'{overlap:.2f} s'})")
               + f" (most in /metrics samples: {watch.max_running():.0f}/3 of {len(watch.samples)}); "
               f"{preempted:.0f} preemptions; prompts of {size:,} tokens, each decoding until all 3 started "
-              f"(at most {max_tokens:,} tokens; --max-num-batched-tokens {MAX_NUM_BATCHED_TOKENS}); "
+              f"(at most {max_tokens:,} tokens, the most decoded {max(r['tokens'] for r in runs):,}; "
+              f"--max-num-batched-tokens {MAX_NUM_BATCHED_TOKENS}); "
               + (f"needles {NEEDS_MODEL}" if STAND_IN else f"{found}/3 needles"))
     return together and preempted == 0 and (STAND_IN or found == 3), result
 
