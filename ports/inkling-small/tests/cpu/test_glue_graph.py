@@ -18,7 +18,7 @@ import torch
 
 import model_helpers as helpers
 from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
-from inkling_hpu.hpu_glue import decode_step_metadata, prefill_step_metadata
+from inkling_hpu.model.device_metadata import decode_step_metadata, prefill_step_metadata
 from inkling_hpu.model.metadata import RequestChunk, build_step_metadata
 
 CONFIG = "tiny-gqa2-mix.json"
@@ -171,7 +171,7 @@ def test_flat_decode_attention_equals_the_per_request_tables(config, dtype):
 
 def test_debug_check_refuses_a_prefill_without_its_context_blocks():
     """INKLING_GLUE_CHECKS=1: a context block vllm-gaudi left out (-1) is refused, with expected vs found."""
-    from inkling_hpu.hpu_glue import check_context_blocks
+    from inkling_hpu.model.device_metadata import check_context_blocks
 
     check_context_blocks(torch.tensor([6, 0]), torch.tensor([3, 7, -1, -1]), BLOCK)      # 2 blocks for 6 tokens
     with pytest.raises(RuntimeError, match="position 6 came without the block ids of its context: expected 2 "

@@ -19,7 +19,7 @@ import pytest
 
 # The harness also loads this file in its scenario process (run_scenario puts the port on its sys.path).
 import inkling_hpu
-from inkling_hpu import models
+from inkling_hpu import registry_names
 
 
 def test_entry_point_and_metadata_are_declared(port_dir):
@@ -33,10 +33,10 @@ def test_entry_point_and_metadata_are_declared(port_dir):
 
 
 def test_lazy_target_names_the_glue_class():
-    assert models.LAZY_TARGET == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
-    assert models.CPU_LAZY_TARGET == "inkling_hpu.cpu_glue:CpuInklingForCausalLM"
-    assert inkling_hpu._model_target(with_gaudi=True) == models.LAZY_TARGET   # vllm-gaudi installed: HPU
-    assert "InklingForCausalLM" in models.ARCHITECTURES
+    assert registry_names.LAZY_TARGET == "inkling_hpu.hpu_glue:HpuInklingForCausalLM"
+    assert registry_names.CPU_LAZY_TARGET == "inkling_hpu.cpu_glue:CpuInklingForCausalLM"
+    assert inkling_hpu._model_target(with_gaudi=True) == registry_names.LAZY_TARGET   # vllm-gaudi installed: HPU
+    assert "InklingForCausalLM" in registry_names.ARCHITECTURES
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def scenario_glue_chunks(port_dir: str) -> list:
     from gaudi_harness import drivers as d
     from vllm_gaudi.v1.worker.hpu_model_runner import trim_attn_metadata
 
-    from inkling_hpu.hpu_glue import HpuInklingForCausalLM
+    from inkling_hpu.hpu_glue import HpuPlatform
     from inkling_hpu.model.metadata import FlatDecodeGroup
 
     model_dir = Path(tempfile.mkdtemp(prefix="inkling_glue_"))
@@ -224,7 +224,7 @@ def scenario_glue_chunks(port_dir: str) -> list:
     execute = runner._execute_model_generic
 
     def recording(token_ids, position_ids, attn_metadata, *args, **kwargs):
-        meta = HpuInklingForCausalLM.step_metadata(glue, token_ids, position_ids, trim_attn_metadata(attn_metadata), pad)
+        meta = HpuPlatform().step_metadata(glue, token_ids, position_ids, trim_attn_metadata(attn_metadata), pad)
         group = meta.groups[0]
         rows = []
         if isinstance(group, FlatDecodeGroup):
@@ -271,12 +271,11 @@ def scenario_pipeline_runner_check(port_dir: str) -> dict:
     from vllm_gaudi.v1.worker.hpu_model_runner import HPUModelRunner
 
     from inkling_hpu import guards
-    from inkling_hpu.hpu_glue import HpuInklingForCausalLM
+    from inkling_hpu.hpu_glue import HpuPlatform
 
-    glue = object.__new__(HpuInklingForCausalLM)
-    glue._check_pipeline_runner(1)
+    HpuPlatform().check_pipeline_runner(1)
     try:
-        glue._check_pipeline_runner(2)
+        HpuPlatform().check_pipeline_runner(2)
     except guards.InklingConfigRefused as refusal:
         return {"refusal": str(refusal), "runner_hands_off": hasattr(HPUModelRunner, "_pp_recv_intermediate_tensors")}
     return {"refusal": None, "runner_hands_off": hasattr(HPUModelRunner, "_pp_recv_intermediate_tensors")}

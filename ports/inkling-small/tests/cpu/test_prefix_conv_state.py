@@ -43,7 +43,11 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling
     from gaudi_harness import builders
     from gaudi_harness.engine import EngineDriver
     from inkling_hpu import parity
-    from inkling_hpu.hpu_glue import HpuInklingForCausalLM, load_text_checkpoint
+    from inkling_hpu.hpu_glue import HpuInklingForCausalLM
+    try:
+        from inkling_hpu.vllm_model import load_text_checkpoint
+    except ModuleNotFoundError:      # the pristine port: before the platform adapters
+        from inkling_hpu.hpu_glue import load_text_checkpoint
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / CONFIG).read_text())
     # written here, not by parity.write_checkpoint_config: this scenario also serves the pristine port
@@ -94,7 +98,8 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling
     # Spy: how many decode calls carried the local layers' decode-window lists (the pristine port,
     # which builds its metadata on the CPU, has no step_metadata).
     engine.window_decodes = 0
-    step_metadata = getattr(glue, "step_metadata", None)
+    adapter = getattr(glue, "platform", glue)       # the pristine port: the glue class itself
+    step_metadata = getattr(adapter, "step_metadata", None)
 
     def recording_metadata(*args, **kwargs):
         meta = step_metadata(*args, **kwargs)
@@ -102,7 +107,7 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling
         return meta
 
     if step_metadata is not None:
-        glue.step_metadata = recording_metadata
+        adapter.step_metadata = recording_metadata
     return engine, reference, raw
 
 

@@ -5,7 +5,7 @@ vLLM resolves the "module:Class" string only when it builds the model.
 """
 from __future__ import annotations
 
-# The class HpuModelAdapter wraps (defined in inkling_hpu/hpu_glue.py).
+# The class HpuModelAdapter wraps (inkling_hpu/hpu_glue.py: vllm_model.InklingVllmModel on vllm-gaudi's runner).
 MODEL_MODULE = "inkling_hpu.hpu_glue"
 MODEL_CLASS = "HpuInklingForCausalLM"
 LAZY_TARGET = f"{MODEL_MODULE}:{MODEL_CLASS}"
