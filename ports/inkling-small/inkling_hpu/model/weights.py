@@ -13,13 +13,12 @@ Tensors outside the text backbone (`model.visual.*`, `model.audio.*`, `model.mtp
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import torch
 
-from inkling_hpu.loader import is_skipped
+from inkling_hpu.checkpoint_names import is_skipped, template_regex
 from inkling_hpu.model.config import InklingPortConfig
 from inkling_hpu.model.modeling import PipelineStage
 
@@ -88,11 +87,7 @@ class WeightError(ValueError):
     """A checkpoint tensor that does not fit the port (unknown name, wrong shape, missing)."""
 
 
-def _template_regex(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
-
-
-_RULE_PATTERNS = tuple((_template_regex(rule.checkpoint), rule) for rule in CHECKPOINT_TO_PORT)
+_RULE_PATTERNS = tuple((template_regex(rule.checkpoint), rule) for rule in CHECKPOINT_TO_PORT)
 
 
 def is_text_weight(checkpoint_name: str) -> bool:

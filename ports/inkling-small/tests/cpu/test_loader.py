@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from inkling_hpu import loader
-from inkling_hpu.loader import CheckpointError, TensorSpec, TextCheckpoint
+from inkling_hpu.loader import CheckpointError, TensorSpec, TextCheckpoint, direct_io, file_reader, tuning
 
 H = 64
 SKIPPED_ELEMS = 1 << 22          # 8 MiB of bf16 per skipped tensor: reading any of it would show
@@ -104,10 +105,10 @@ def direct(request) -> bool:
 def small_chunks(monkeypatch):
     """Reads in many chunks, a prefetch window of a few calls and runs long enough for kernel
     readahead, so the chunk, window and readahead/exact split bookkeeping runs on tensors this small."""
-    monkeypatch.setattr(loader, "READ_CHUNK_BYTES", 3 * 4096)
-    monkeypatch.setattr(loader, "PREFETCH_CALL_BYTES", 4096)
-    monkeypatch.setattr(loader, "PREFETCH_BYTES", 5 * 4096)
-    monkeypatch.setattr(loader, "READAHEAD_TAIL_BYTES", 2 * 4096 + 100)
+    monkeypatch.setattr(tuning, "READ_CHUNK_BYTES", 3 * 4096)
+    monkeypatch.setattr(tuning, "PREFETCH_CALL_BYTES", 4096)
+    monkeypatch.setattr(tuning, "PREFETCH_BYTES", 5 * 4096)
+    monkeypatch.setattr(tuning, "READAHEAD_TAIL_BYTES", 2 * 4096 + 100)
 
 
 def test_loads_text_tensors_bit_exact_against_safe_open(checkpoint):
@@ -153,7 +154,7 @@ def test_long_run_read_by_kernel_readahead_stops_at_the_text(tmp_path):
     ckpt = TextCheckpoint(tmp_path)
     entries = sorted(ckpt.text.values(), key=lambda e: e.begin)
     assert entries[-1].end == ckpt.skipped["model.visual.after.weight"].begin    # text, then right after it the tower
-    assert ckpt.text_bytes > 1.4 * loader.READAHEAD_TAIL_BYTES
+    assert ckpt.text_bytes > 1.4 * tuning.READAHEAD_TAIL_BYTES
     _drop_from_page_cache(tmp_path)
     before = _io("read_bytes")
     loaded = dict(ckpt.load(direct=False))
@@ -288,16 +289,16 @@ def test_default_reads_cold_files_with_o_direct(checkpoint, monkeypatch):
     ckpt_dir, _ = checkpoint
     ckpt = TextCheckpoint(ckpt_dir)
     requests = []
-    real_submit = loader._DirectQueue._submit
-    monkeypatch.setattr(loader._DirectQueue, "_submit", lambda queue, job: requests.append(job) or real_submit(queue, job))
-    monkeypatch.setattr(loader, "READ_CHUNK_BYTES", 64 << 10)       # many requests in flight at once
+    real_submit = direct_io._DirectQueue._submit
+    monkeypatch.setattr(direct_io._DirectQueue, "_submit", lambda queue, job: requests.append(job) or real_submit(queue, job))
+    monkeypatch.setattr(tuning, "READ_CHUNK_BYTES", 64 << 10)       # many requests in flight at once
     dict(ckpt.load())                                                # now in the page cache
     assert requests == []
     _drop_from_page_cache(ckpt_dir)
     before = _io("read_bytes")
     loaded = dict(ckpt.load())
     read = _io("read_bytes") - before
-    assert len(requests) > loader.READ_THREADS
+    assert len(requests) > tuning.READ_THREADS
     assert read <= ckpt.text_bytes + 2 * 4096 * len(loaded), (read, ckpt.text_bytes)
     _assert_equal_to_safe_open(ckpt_dir, loaded)
 
@@ -305,10 +306,10 @@ def test_default_reads_cold_files_with_o_direct(checkpoint, monkeypatch):
 def test_default_tensor_parallel_ranks_in_place_read_buffered(checkpoint, monkeypatch):
     ckpt_dir, text = checkpoint
     ckpt = TextCheckpoint(ckpt_dir)
-    monkeypatch.setattr(loader, "CACHED_SHARE_BUFFERED", 1.0)        # cache or not, would read O_DIRECT
+    monkeypatch.setattr(tuning, "CACHED_SHARE_BUFFERED", 1.0)        # cache or not, would read O_DIRECT
     queues = []
-    real_queue = loader._DirectQueue
-    monkeypatch.setattr(loader, "_DirectQueue", lambda *args: queues.append(args) or real_queue(*args))
+    real_queue = direct_io._DirectQueue
+    monkeypatch.setattr(file_reader, "_DirectQueue", lambda *args: queues.append(args) or real_queue(*args))
     specs = [TensorSpec(name, None, shard_dim=dim) for name, dim in
              {n: (0 if n.endswith("wq_du.weight") else None) for n in text}.items()]
     per_rank = [dict(ckpt.load(specs, rank=r, world_size=2)) for r in range(2)]
@@ -391,6 +392,16 @@ def test_presharded_layout_of_another_checkpoint_or_split_is_refused(checkpoint)
     with pytest.raises(CheckpointError, match=f"made from a checkpoint with fingerprint {'0' * 64}, this one has "
                                               f"{ckpt.fingerprint()}: remake it"):
         list(ckpt.load(specs, rank=0, world_size=2))
+
+
+@pytest.mark.parametrize("first", ["inkling_hpu.loader", "inkling_hpu.model.weights"])
+def test_loader_and_name_table_import_in_either_order(first):
+    """The loader's pre-sharded layout reads the model's name table and the table the checkpoint's
+    names (inkling_hpu.checkpoint_names): no import cycle, whichever a fresh interpreter imports first."""
+    port = Path(loader.__file__).parents[2]
+    proc = subprocess.run([sys.executable, "-c", f"import {first}; import inkling_hpu.loader, inkling_hpu.model.weights"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(port)})
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_garbage_header_length_is_refused(tmp_path):
