@@ -5,7 +5,7 @@ PYTHON ?= python3
 # The cached test virtualenv (torch CPU + vLLM 0.30.0's requirements); built on first use.
 VENV_PY = $$(bash tools/test_env.sh)/bin/python
 # vLLM source: the pinned PyPI sdist (downloaded once, sha256-checked). vllm-gaudi: VLLM_GAUDI_SRC.
-VLLM_SRC = $$($(PYTHON) -m cookbook.upstream 0.30.0)
+VLLM_SRC = $$($(PYTHON) -m cookbook.upstream)
 GAUDI_SRC = $$(bash tools/vllm_gaudi_src.sh)
 PROFILE ?= v0.30.0
 PYTEST_ARGS ?=

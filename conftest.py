@@ -19,7 +19,7 @@ def vllm_src() -> Path:
         if not (path / "vllm").is_dir():
             pytest.fail(f"VLLM_SRC={path} has no vllm/ package directory")
         return path
-    return upstream.vllm_source("0.30.0")
+    return upstream.vllm_source()
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,8 @@ def vllm_026_src() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_gaudi_src() -> Path:
-    """A vllm-gaudi source tree named by VLLM_GAUDI_SRC (main 091bbadd); skips when unset."""
+    """A vllm-gaudi source tree named by VLLM_GAUDI_SRC (the profile's vllm-gaudi authored-against
+    commit, main 091bbadd: tools/vllm_gaudi_src.sh); skips when unset."""
     src = os.environ.get("VLLM_GAUDI_SRC")
     if not src:
         pytest.skip("VLLM_GAUDI_SRC is not set: no vllm-gaudi source tree to test against")

@@ -49,7 +49,7 @@ def main() -> int:
     args = parser.parse_args()
 
     profile = load_profile(args.profile)
-    sources = {"vllm": upstream.vllm_source("0.30.0")}
+    sources = {"vllm": upstream.vllm_source()}
     if os.environ.get("VLLM_GAUDI_SRC"):
         sources["vllm-gaudi"] = Path(os.environ["VLLM_GAUDI_SRC"])
     fixes = [profile.fix(n) for n in profile.all_fixes]

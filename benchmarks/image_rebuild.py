@@ -10,7 +10,7 @@ rebuild after editing one fix's metadata. Prints the median of each, the ratios 
 build, and the size of the layers the port adds to the base. Aims: no-change rebuild under 10% of
 the cold build; port layers under 50 MB.
 
-Without --base it makes the docker tests' stock-layout base (tools/base_images.py: needs
+Without --base it makes the docker tests' stock-layout base (tools/stand_in_bases.py: needs
 a running Docker engine, and VLLM_GAUDI_SRC or VLLM_GAUDI_MIRROR for the runner patch to apply).
 """
 from __future__ import annotations
@@ -79,12 +79,9 @@ def main() -> int:
     client = docker.from_env(timeout=1800)
     base = args.base
     if not base:
-        from cookbook import upstream
-        from tools import base_images
+        from tools import stand_in_bases
 
-        base = base_images.build_base(
-            client, upstream.vllm_source("0.30.0"),
-            f"{base_images.IMAGE_REPO}/base-vllm-0.30.0:{base_images.content_key('0.30.0', None)}")
+        base = stand_in_bases.stock_layout_base(client)
     tag = "gaudi-cookbook-bench/inkling-small:latest"
     times = {"cold": [], "unchanged": [], "one fix edited": []}
     with tempfile.TemporaryDirectory(prefix="cookbook-bench-") as tmp:

@@ -171,7 +171,7 @@ def main() -> int:
         return cpu_server_mode(args)
     if args.vllm_src is None:
         from cookbook import upstream
-        args.vllm_src = upstream.vllm_source("0.30.0")
+        args.vllm_src = upstream.vllm_source()
     vllm_src = args.vllm_src.resolve()
     if not (vllm_src / "vllm" / "v1" / "core" / "sched" / "scheduler.py").is_file():
         raise SystemExit(f"{vllm_src} is not a vLLM source tree (no vllm/v1/core/sched/scheduler.py)")

@@ -63,11 +63,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from cookbook.upstream import CACHE_ROOT
 from inkling_hpu import loader
 from inkling_hpu.loader import (PRESHARDED_DIR, PRESHARDED_MANIFEST, TensorSpec, TextCheckpoint,
                                 split_dims, verify_presharded, write_presharded)
 
-DEFAULT_DIR = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "bench-text-only-load"
+DEFAULT_DIR = CACHE_ROOT / "bench-text-only-load"
 MIB = 1 << 20
 HIDDEN = 2048
 EXPERTS = 2          # few, large experts: a TP 8 slab of w13 is then E pieces of 1.7 MiB, 13.5 MiB apart

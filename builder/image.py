@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker.errors
-import yaml
 
 from cookbook.errors import UsageError
 from cookbook.profiles import REPO_ROOT, Profile
@@ -164,7 +163,7 @@ def make_image(base: str, tag: str, profile: Profile, port_profile: Profile, run
 def base_buildargs(profile: Profile) -> dict:
     """Build args of the top-level Dockerfile, from the profile (the only copy of the pins)."""
     args = {"COOKBOOK_PROFILE": profile.name,
-            "GAUDI_SW_VERSION": str(yaml.safe_load(profile.path.read_text()).get("gaudi-sw", ""))}
+            "GAUDI_SW_VERSION": profile.gaudi_sw}
     for name, prefix in (("vllm", "VLLM"), ("vllm-gaudi", "VLLM_GAUDI")):
         pin = profile.targets[name]
         args[f"{prefix}_REPOSITORY"] = pin.repository

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import patchfile, series, sources
 from .errors import BaseMismatch, FixRefused, UsageError
-from .gitcmd import git
+from .gitcmd import blob_id, git
 from .profiles import DEFAULT_PROFILE, Profile, load_profile
 from .results import Mode, RunReport, TargetResult
 
@@ -146,5 +146,5 @@ def manifest(root: Path, package: str, commit: str) -> str:
     lines = [f"# {package} at {commit}: git blob id and path of every file (apply_all.py manifest)"]
     for path in sorted((Path(root) / package).rglob("*")):
         if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
-            lines.append(f"{sources.blob_id(path)} {path.relative_to(root).as_posix()}")
+            lines.append(f"{blob_id(path.read_bytes())} {path.relative_to(root).as_posix()}")
     return "\n".join(lines) + "\n"

@@ -68,11 +68,6 @@ class ParsedPatch:
         return sorted({p for c in self.changes for p in c.paths})
 
 
-def blob_id(data: bytes) -> str:
-    """git's object id for a blob with these bytes (what `git hash-object` prints)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def unquote_path(name: str) -> str:
     """A path as git writes it: as is, or C-quoted ("a/t\\303\\251st") when it has special bytes."""
     if not (len(name) >= 2 and name[0] == name[-1] == '"'):

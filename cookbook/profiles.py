@@ -15,8 +15,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = "v0.30.0"  # what every command uses when no --profile is given
 PROFILES_DIR = REPO_ROOT / "profiles"
 FIXES_DIR = REPO_ROOT / "fixes"
-TARGET_KEYS = {"package", "distribution", "commit", "ref", "repository", "image-checkout", "content"}
+TARGET_KEYS = {"package", "distribution", "commit", "ref", "repository", "image-checkout", "content",
+               "authored-against"}
 CONTENT_KEYS = {"manifest", "may-differ"}
+AUTHORED_AGAINST_KEYS = {"commit", "ref", "note"}
 PROFILE_KEYS = {"name", "description", "gaudi-sw", "extends", "targets", "fixes-dir", "fixes", "opt-in"}
 FIX_KEYS = {"title", "targets", "patches", "problem", "symptom", "upstream", "drop-when", "env",
             "requires", "conflicts", "test", "not-exercised-on-cpu"}
@@ -41,6 +43,15 @@ class ContentPin:
 
 
 @dataclass(frozen=True)
+class PatchBase:
+    """The commit a patch's hunks were authored against, where it came from, and why: metadata for
+    people (a run checks the target's pinned commit and each patch's pre-image blobs, not this)."""
+    commit: str
+    ref: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class TargetPin:
     name: str  # "vllm" / "vllm-gaudi"
     package: str  # "vllm" / "vllm_gaudi"
@@ -50,6 +61,9 @@ class TargetPin:
     repository: str = ""
     image_checkout: str = ""
     content: ContentPin | None = None
+    # The base of this target's patches when a patch entry states none (the target's
+    # `authored-against`: e.g. a newer public commit standing in for a pin that is not public).
+    authored_against: PatchBase | None = None
 
     def matches(self, found: str | None) -> bool:
         """A found commit matches the pin when one is a prefix of the other (short ids)."""
@@ -66,7 +80,8 @@ class TargetPin:
 @dataclass(frozen=True)
 class PatchRef:
     target: str
-    path: Path  # absolute path of the .patch file (its `base` commit is metadata for people)
+    path: Path  # absolute path of the .patch file
+    base: PatchBase  # the entry's `base`, else its target's `authored-against`
 
 
 @dataclass
@@ -97,6 +112,7 @@ class Profile:
     opt_in: list[str]  # in pack order
     fixes_dir: Path
     description: str = ""
+    gaudi_sw: str = ""  # the Gaudi software release of the stock image (`gaudi-sw`)
     catalog: dict[str, Fix] = field(default_factory=dict)  # every fix of the profile, loaded once
 
     @property
@@ -199,6 +215,14 @@ def _load_content(spec, path: Path, where: str) -> ContentPin:
     return ContentPin(manifest=manifest, may_differ={str(k): str(v) for k, v in may_differ.items()})
 
 
+def _load_authored_against(spec, where: str) -> PatchBase:
+    spec = _expect(spec, dict, where, {})
+    _check_keys(spec, AUTHORED_AGAINST_KEYS, where)
+    if not spec.get("commit"):
+        raise ProfileError(f"{where} lacks commit")
+    return PatchBase(commit=str(spec["commit"]), ref=str(spec.get("ref") or ""), note=str(spec.get("note") or ""))
+
+
 def _load_targets(data: dict, path: Path, inherited: dict[str, TargetPin]) -> dict[str, TargetPin]:
     targets = dict(inherited)
     for tname, spec in _expect(data.get("targets"), dict, f"{path}: targets", {}).items():
@@ -208,18 +232,23 @@ def _load_targets(data: dict, path: Path, inherited: dict[str, TargetPin]) -> di
         merged = {"package": base.package, "distribution": base.distribution, "commit": base.commit,
                   "ref": base.ref, "repository": base.repository,
                   "image-checkout": base.image_checkout} if base else {}
-        merged.update({k: str(v) for k, v in spec.items() if k != "content"})
+        merged.update({k: str(v) for k, v in spec.items() if k not in ("content", "authored-against")})
         missing = [k for k in ("package", "commit", "ref") if not merged.get(k)]
         if missing:
             raise ProfileError(f"{path}: targets.{tname} lacks {', '.join(missing)}")
         content = base.content if base and "commit" not in spec else None  # a content pin names one commit
         if "content" in spec:
             content = _load_content(spec["content"], path, f"{path}: targets.{tname}.content")
+        authored = base.authored_against if base else None  # about the patches, not the pin: kept
+        if "authored-against" in spec:
+            authored = _load_authored_against(spec["authored-against"],
+                                              f"{path}: targets.{tname}.authored-against")
         targets[tname] = TargetPin(
             name=tname, package=merged["package"],
             distribution=merged.get("distribution") or merged["package"],
             commit=merged["commit"], ref=merged["ref"], repository=merged.get("repository", ""),
-            image_checkout=merged.get("image-checkout", ""), content=content)
+            image_checkout=merged.get("image-checkout", ""), content=content,
+            authored_against=authored)
     return targets
 
 
@@ -230,9 +259,12 @@ def load_profile(name_or_path: str, _chain: tuple = (), _relative_to: Path | Non
     data = _read_yaml(path, "profile")
     _check_keys(data, PROFILE_KEYS, f"profile {path}")
     inherited: dict[str, TargetPin] = {}
+    gaudi_sw = ""
     if data.get("extends") is not None:
-        parent = _expect(data["extends"], str, f"{path}: extends")
-        inherited = load_profile(parent, _chain + (path,), path.parent).targets
+        parent = load_profile(_expect(data["extends"], str, f"{path}: extends"), _chain + (path,), path.parent)
+        inherited, gaudi_sw = parent.targets, parent.gaudi_sw
+    if data.get("gaudi-sw") is not None:
+        gaudi_sw = str(data["gaudi-sw"])
     targets = _load_targets(data, path, inherited)
     if not targets:
         raise ProfileError(f"{path}: no targets")
@@ -252,7 +284,7 @@ def load_profile(name_or_path: str, _chain: tuple = (), _relative_to: Path | Non
     _check_relations(path, fixes, catalog)
     return Profile(name=_expect(data.get("name"), str, f"{path}: name", path.stem), path=path,
                    targets=targets, fixes=fixes, opt_in=opt_in, fixes_dir=fixes_dir,
-                   description=str(data.get("description", "")), catalog=catalog)
+                   description=str(data.get("description", "")), gaudi_sw=gaudi_sw, catalog=catalog)
 
 
 def _check_relations(path: Path, defaults: list[str], catalog: dict) -> None:
@@ -280,6 +312,23 @@ def _patch_entries(meta: dict, meta_path: Path) -> list[dict]:
     return entries
 
 
+def _patch_base(entry: dict, target: TargetPin, meta_path: Path) -> PatchBase:
+    """A patch entry's own `base` (with its `base-ref` and `note`), else its target's
+    `authored-against` (the entry's `note`, when it has one, following the target's)."""
+    if entry.get("base"):
+        return PatchBase(commit=str(entry["base"]), ref=str(entry.get("base-ref") or ""),
+                         note=str(entry.get("note") or ""))
+    if entry.get("base-ref"):
+        raise ProfileError(f"{meta_path}: a patch entry has base-ref but no base")
+    if target.authored_against is None:
+        raise ProfileError(f"{meta_path}: a patch entry for {target.name} lacks base, and the profile's "
+                           f"targets.{target.name} has no authored-against to take it from")
+    inherited = target.authored_against
+    if not entry.get("note"):
+        return inherited
+    return replace(inherited, note=" ".join(n for n in (inherited.note, str(entry["note"])) if n))
+
+
 def load_fix(folder: Path, targets: dict[str, TargetPin]) -> Fix:
     meta_path = folder / "fix.yaml"
     meta = _read_yaml(meta_path, "fix metadata")
@@ -297,17 +346,18 @@ def load_fix(folder: Path, targets: dict[str, TargetPin]) -> Fix:
     patches = []
     for entry in _patch_entries(meta, meta_path):
         _check_keys(entry, PATCH_KEYS, f"{meta_path}: a patch entry")
-        missing = [k for k in ("target", "file", "base") if not entry.get(k)]
+        missing = [k for k in ("target", "file") if not entry.get(k)]
         if missing:
             raise ProfileError(f"{meta_path}: a patch entry lacks {', '.join(missing)}")
         if entry["target"] not in fix_targets:
             raise ProfileError(f"{meta_path}: patch for {entry['target']!r} but targets are {fix_targets}")
+        base = _patch_base(entry, targets[entry["target"]], meta_path)
         patch_path = (folder / str(entry["file"])).resolve()
         if folder.resolve() not in patch_path.parents:
             raise ProfileError(f"{meta_path}: patch file {entry['file']!r} is outside {folder}")
         if not patch_path.is_file():
             raise ProfileError(f"{meta_path}: patch file {patch_path} does not exist")
-        patches.append(PatchRef(target=entry["target"], path=patch_path))
+        patches.append(PatchRef(target=entry["target"], path=patch_path, base=base))
     return Fix(name=folder.name, folder=folder, title=title, targets=fix_targets, patches=patches,
                requires=_expect(meta.get("requires"), list, f"{meta_path}: requires", []),
                conflicts=_expect(meta.get("conflicts"), list, f"{meta_path}: conflicts", []), meta=meta)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import journal, patchfile, sources, stamp
 from .errors import BaseMismatch, FixRefused
-from .gitcmd import git
+from .gitcmd import blob_id, git
 from .profiles import REPO_ROOT, Fix, Profile
 from .results import FixResult, Mode, PatchResult, RunReport, Status, TargetResult
 
@@ -57,7 +57,7 @@ class Scratch:
 
     def blob(self, target: str, rel: str) -> str | None:
         state = self.current(target, rel)
-        return patchfile.blob_id(state[0]) if state else None
+        return blob_id(state[0]) if state else None
 
     def git_apply(self, target: str, patches: list[Path], *flags: str) -> tuple[bool, str]:
         """One `git apply` of the patches in order: all or nothing, zero fuzz."""

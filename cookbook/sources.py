@@ -2,7 +2,6 @@
 same code runs inside a bare base image (see probe.py) as in apply_all.py."""
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import re
@@ -12,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gitcmd import git
+from .gitcmd import blob_id, git
 
 _COMMIT_ID = re.compile(r"""__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['"]g?([0-9a-f]{7,40})['"]""")
 _VERSION = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""")
@@ -137,12 +136,6 @@ def identify(root: Path, package: str, distribution: str) -> Identity:
                     evidence)
 
 
-def blob_id(path: Path) -> str:
-    """git's object id for the file's bytes (what `git hash-object` prints)."""
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def differing_files(root: Path, blobs: dict[str, str], skip: set[str]) -> list[str]:
     """Paths (relative to root) whose file is missing or not the blob the manifest names."""
     out = []
@@ -150,7 +143,7 @@ def differing_files(root: Path, blobs: dict[str, str], skip: set[str]) -> list[s
         if rel in skip:
             continue
         path = root / rel
-        if not path.is_file() or path.is_symlink() or blob_id(path) != blob:
+        if not path.is_file() or path.is_symlink() or blob_id(path.read_bytes()) != blob:
             out.append(rel)
     return out
 

@@ -1,11 +1,17 @@
 """Fetch and verify upstream source distributions from pip's configured index.
 
 The index is whatever pip would use (PIP_INDEX_URL, pip's configuration, else pip's own
-default), so users behind a mirror get their mirror. Downloads are cached under
-~/.cache/gaudi-cookbook and checked against a pinned sha256 before use.
+default), so users behind a mirror get their mirror. Downloads are cached under CACHE_ROOT
+(COOKBOOK_CACHE, default ~/.cache/gaudi-cookbook: the one cache folder of the repository's tools)
+and checked against a pinned sha256 before use. Which upstream sources the tests run against comes
+from the default profile (vllm_version, vllm_gaudi_commit). The shell scripts ask here:
+
+    python3 -m cookbook.upstream [VERSION...]     # the cached vLLM sdist trees (default: the profile's)
+    python3 -m cookbook.upstream --cache-root | --vllm-version | --vllm-gaudi-commit
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import html.parser
 import os
@@ -19,7 +25,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ROOT = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook"))
+from .profiles import DEFAULT_PROFILE, load_profile
+
+# An unset or empty COOKBOOK_CACHE means the default (the shell's ${COOKBOOK_CACHE:-...} rule).
+CACHE_ROOT = Path(os.environ.get("COOKBOOK_CACHE") or Path.home() / ".cache" / "gaudi-cookbook")
 
 
 @dataclass(frozen=True)
@@ -33,16 +42,31 @@ class Sdist:
         return f"{self.project}-{self.version}.tar.gz"
 
 
-# The pinned upstream sources the tests and `make check` run against.
-VLLM_SDISTS = {
-    "0.30.0": Sdist("vllm", "0.30.0", "5f8f4e890c042ffa1c3e103f81c35e2d96f60a0a175ac43a4adbae7006bef62b"),
+# The pinned upstream sources the tests and `make check` run against, by version.
+VLLM_SDISTS = {sdist.version: sdist for sdist in (
+    Sdist("vllm", "0.30.0", "5f8f4e890c042ffa1c3e103f81c35e2d96f60a0a175ac43a4adbae7006bef62b"),
     # A known wrong base for the commit-check tests.
-    "0.26.0": Sdist("vllm", "0.26.0", "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"),
-}
+    Sdist("vllm", "0.26.0", "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"),
+)}
 
 
 class UpstreamError(RuntimeError):
     pass
+
+
+def vllm_version(profile: str = DEFAULT_PROFILE) -> str:
+    """The vLLM release a profile pins: its vllm target's tag without the v ("v0.30.0" -> "0.30.0")."""
+    ref = load_profile(profile).targets["vllm"].ref
+    if not ref.startswith("v") or not ref[1:].replace(".", "").isdigit():
+        raise UpstreamError(f"profile {profile}: targets.vllm.ref {ref!r} is not a release tag (vX.Y.Z)")
+    return ref[1:]
+
+
+def vllm_gaudi_commit(profile: str = DEFAULT_PROFILE) -> str:
+    """The vllm-gaudi commit the tests and `make check` run a profile's vllm-gaudi patches on: the
+    target's `authored-against` commit (the pin itself when there is none)."""
+    pin = load_profile(profile).targets["vllm-gaudi"]
+    return (pin.authored_against or pin).commit
 
 
 def pip_index_url() -> str:
@@ -133,7 +157,9 @@ def extracted(sdist: Sdist) -> Path:
     return tree
 
 
-def vllm_source(version: str = "0.30.0") -> Path:
+def vllm_source(version: str | None = None) -> Path:
+    """The pristine vLLM sdist tree of `version`, by default the one the default profile pins."""
+    version = version or vllm_version()
     try:
         return extracted(VLLM_SDISTS[version])
     except KeyError:
@@ -142,6 +168,27 @@ def vllm_source(version: str = "0.30.0") -> Path:
         ) from None
 
 
-if __name__ == "__main__":  # python3 -m cookbook.upstream [VERSION...]: print cached trees
-    for ver in sys.argv[1:] or ["0.30.0"]:
-        print(vllm_source(ver))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python3 -m cookbook.upstream",
+                                     description="Print the cached vLLM sdist trees, or one fact below.")
+    parser.add_argument("versions", nargs="*", metavar="VERSION",
+                        help=f"vLLM versions (default: the one profile {DEFAULT_PROFILE} pins)")
+    fact = parser.add_mutually_exclusive_group()
+    fact.add_argument("--cache-root", action="store_true", help="the cache folder (COOKBOOK_CACHE)")
+    fact.add_argument("--vllm-version", action="store_true", help="the vLLM version the profile pins")
+    fact.add_argument("--vllm-gaudi-commit", action="store_true",
+                      help="the vllm-gaudi commit the profile's patches are authored against")
+    args = parser.parse_args(argv)
+    if args.cache_root:
+        print(CACHE_ROOT)
+    elif args.vllm_version:
+        print(vllm_version())
+    elif args.vllm_gaudi_commit:
+        print(vllm_gaudi_commit())
+    else:
+        for ver in args.versions or [vllm_version()]:
+            print(vllm_source(ver))
+
+
+if __name__ == "__main__":
+    main()

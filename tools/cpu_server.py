@@ -30,11 +30,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cookbook.upstream import CACHE_ROOT
 from recipes.launch import cpu_serve_args, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
-CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook"))
 START_TIMEOUT = float(os.environ.get("CPU_SERVER_START_TIMEOUT", "300"))
 STOP_TIMEOUT = 30.0
 
@@ -97,7 +97,7 @@ def port_install(venv: Path, port: Path = PORT) -> Path:
     checkout's ports/inkling-small) installed for the server venv's python into a folder of its own, put
     on the server's PYTHONPATH: the cached venv stays as tools/server_env.sh made it. Reinstalled when
     the port's files change."""
-    out = CACHE / f"inkling-hpu-{_tree_hash(port / 'inkling_hpu', port / 'pyproject.toml')}"
+    out = CACHE_ROOT / f"inkling-hpu-{_tree_hash(port / 'inkling_hpu', port / 'pyproject.toml')}"
     if not (out / ".complete").exists():
         shutil.rmtree(out, ignore_errors=True)
         with tempfile.TemporaryDirectory() as scratch:   # pip builds in the source folder: use a copy
@@ -115,7 +115,7 @@ def preflight_requirements(venv: Path) -> Path:
     """What install.sh adds to an image (requirements/cookbook.txt, and preflight.txt for the preflight's CPU
     tests) installed for the server venv's python into a folder of its own, as port_install does for the port."""
     requirements = [REPO / "requirements" / name for name in ("cookbook.txt", "preflight.txt")]
-    out = CACHE / f"preflight-requirements-{_tree_hash(*requirements)}"
+    out = CACHE_ROOT / f"preflight-requirements-{_tree_hash(*requirements)}"
     if not (out / ".complete").exists():
         shutil.rmtree(out, ignore_errors=True)
         proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--target", str(out),
@@ -134,7 +134,7 @@ def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[
     tiny_model.py's 8 and 2."""
     script = REPO / "tools" / "tiny_model.py"
     key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position} {experts}".encode()).hexdigest()[:12]
-    out = CACHE / f"tiny-inkling-{key}"
+    out = CACHE_ROOT / f"tiny-inkling-{key}"
     if not (out / ".complete").exists():
         shape = ["--experts", str(experts[0]), "--top-k", str(experts[1])] if experts else []
         subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position),

@@ -25,7 +25,7 @@ def setup_paths() -> Path:
     installed vLLM, with no network to fetch anything), else the pristine 0.30.0 sdist."""
     from cookbook import upstream
 
-    tree = Path(os.environ.get("VLLM_SRC") or upstream.vllm_source("0.30.0"))
+    tree = Path(os.environ.get("VLLM_SRC") or upstream.vllm_source())
     # Appended, not prepended: the sdist's own tests/ package must not shadow ours.
     if str(tree) not in sys.path:
         sys.path.append(str(tree))

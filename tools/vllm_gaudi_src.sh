@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Print a vllm-gaudi source tree (main at 091bbadd, what the vllm-gaudi patches are written against)
-# to test against, or nothing; say on stderr, in one line, which source it used or why there is none.
+# Print a vllm-gaudi source tree (the commit the vllm-gaudi patches are written against: the default
+# profile's vllm-gaudi `authored-against`, main at 091bbadd) to test against, or nothing; say on
+# stderr, in one line, which source it used or why there is none.
 #   1. VLLM_GAUDI_SRC: a tree, used as it is.
 #   2. VLLM_GAUDI_MIRROR: a clone of vllm-project/vllm-gaudi (bare or not) on this machine.
 #   3. Otherwise the commit is fetched from VLLM_GAUDI_URL (default: the public repository) into the
 #      cache, when the network allows.
 # A tree is exported once into the cache ($COOKBOOK_CACHE, default ~/.cache/gaudi-cookbook).
 set -euo pipefail
-commit=091bbadda10bee4fd3f6d0efc1844d2610dd2707
+source "$(dirname "$0")/upstream.sh"
 say() { echo "vllm-gaudi source: $*" >&2; }
 
 if [ -n "${VLLM_GAUDI_SRC:-}" ]; then
@@ -15,7 +16,8 @@ if [ -n "${VLLM_GAUDI_SRC:-}" ]; then
   echo "$VLLM_GAUDI_SRC"
   exit 0
 fi
-cache=${COOKBOOK_CACHE:-$HOME/.cache/gaudi-cookbook}
+commit=$(upstream --vllm-gaudi-commit)
+cache=$(upstream --cache-root)
 tree=$cache/vllm-gaudi-${commit:0:8}
 if [ -f "$tree/.complete" ]; then
   say "$tree (cached export of ${commit:0:8})"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import base_images
+from tools import stand_in_bases
 
 DOCKERD_ARGS = ["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
 
@@ -72,31 +72,22 @@ def docker_engine():
             started.kill()
 
 
-def _base(docker_engine, vllm_version: str, edit: str | None = None) -> str:
-    from cookbook import upstream
-
-    tree = upstream.vllm_source(vllm_version)
-    key = base_images.content_key(vllm_version, edit)
-    name = f"{base_images.IMAGE_REPO}/base-vllm-{vllm_version}{'-edited' if edit else ''}:{key}"
-    return base_images.build_base(docker_engine, tree, name, edit_installed=edit)
-
-
 @pytest.fixture(scope="session")
 def base_v030(docker_engine) -> str:
-    """Stock layout: vLLM v0.30.0 + vllm-gaudi at the test commit (real source or stand-in)."""
-    return _base(docker_engine, "0.30.0")
+    """Stock layout: the profile's vLLM (v0.30.0) + vllm-gaudi at the test commit (real source or stand-in)."""
+    return stand_in_bases.stock_layout_base(docker_engine)
 
 
 @pytest.fixture(scope="session")
 def base_v026(docker_engine) -> str:
     """The same layout with vLLM v0.26.0: a wrong base."""
-    return _base(docker_engine, "0.26.0")
+    return stand_in_bases.stock_layout_base(docker_engine, "0.26.0")
 
 
 @pytest.fixture(scope="session")
 def base_edited(docker_engine) -> str:
     """The v0.30.0 base with one installed vLLM file changed after the install."""
-    return _base(docker_engine, "0.30.0", edit="vllm/v1/core/sched/scheduler.py")
+    return stand_in_bases.stock_layout_base(docker_engine, edit_installed="vllm/v1/core/sched/scheduler.py")
 
 
 @pytest.fixture(scope="session")

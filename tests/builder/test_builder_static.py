@@ -12,6 +12,7 @@ import yaml
 
 from builder import image, probe
 from cookbook import api
+from tools import stand_in_bases
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = Path(__file__).resolve().parent / "profiles"
@@ -21,7 +22,9 @@ def test_test_profiles_change_only_the_vllm_gaudi_pin():
     stock, test = api.load_profile("v0.30.0"), api.load_profile(str(PROFILES / "test-base.yaml"))
     assert (test.fixes, test.opt_in, test.fixes_dir) == (stock.fixes, stock.opt_in, stock.fixes_dir)
     assert test.targets["vllm"] == stock.targets["vllm"]
-    assert test.targets["vllm-gaudi"].commit.startswith("091bbadd")
+    # The docker tests' base carries the commit the vllm-gaudi patches are authored against.
+    assert test.targets["vllm-gaudi"].commit == stock.targets["vllm-gaudi"].authored_against.commit
+    assert stand_in_bases.VLLM_GAUDI_TEST_COMMIT == test.targets["vllm-gaudi"].commit
     port = api.load_profile(str(REPO / "ports/inkling-small/patches/port.yaml"))
     port_test = api.load_profile(str(PROFILES / "port-test-base.yaml"))
     assert (port_test.name, port_test.fixes, port_test.fixes_dir) == (port.name, port.fixes, port.fixes_dir)
@@ -36,6 +39,7 @@ def test_stock_dockerfile_args_come_from_the_profile():
     profile = yaml.safe_load((REPO / "profiles/v0.30.0.yaml").read_text())
     assert pins["VLLM_COMMIT"] == profile["targets"]["vllm"]["commit"]
     assert pins["VLLM_GAUDI_COMMIT"] == profile["targets"]["vllm-gaudi"]["commit"]
+    assert pins["GAUDI_SW_VERSION"] == str(profile["gaudi-sw"])
     # No second copy of a pin anywhere in the Dockerfiles.
     for path in ("Dockerfile", "ports/inkling-small/Dockerfile"):
         text = (REPO / path).read_text()

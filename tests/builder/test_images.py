@@ -1,4 +1,4 @@
-"""`make image` end to end against a real Docker engine and bases made here (see tools/base_images.py).
+"""`make image` end to end against a real Docker engine and bases made here (see tools/stand_in_bases.py).
 
 The builder runs as users run it (`python3 -m builder build ...`, what `make image` calls).
 Because releases/v0.30.0 (058f107) is not public, the matching base carries vllm-gaudi main at
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import base_images
+from tools import stand_in_bases
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PROFILE = "tests/builder/profiles/test-base.yaml"
@@ -50,7 +50,7 @@ def repo_snapshot(tmp_path_factory) -> Path:
 
 
 def port_tag(base: str) -> str:
-    return f"{base_images.IMAGE_REPO}/inkling-small:{base.rsplit(':', 1)[1]}"
+    return f"{stand_in_bases.IMAGE_REPO}/inkling-small:{base.rsplit(':', 1)[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -124,19 +124,19 @@ def test_rebuild_with_nothing_changed_hits_the_layer_cache(docker_engine, base_v
 
 @pytest.mark.timeout(900)
 def test_vllm_026_base_is_refused(docker_engine, base_v026):
-    proc = make_image(base_v026, f"{base_images.IMAGE_REPO}/refused:v026")
+    proc = make_image(base_v026, f"{stand_in_bases.IMAGE_REPO}/refused:v026")
     assert proc.returncode == 2, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert any(p.startswith("vllm: expected commit ced6857afa0ea7b2e3f0846a62e1394e90f15607")
                for p in result["problems"]), result["problems"]
     assert result["probe"]["vllm"]["evidence"]["version_file"]["version"] == "0.26.0"
-    assert not docker_engine.images.list(name=f"{base_images.IMAGE_REPO}/refused:v026")
+    assert not docker_engine.images.list(name=f"{stand_in_bases.IMAGE_REPO}/refused:v026")
 
 
 @pytest.mark.timeout(900)
 def test_wrong_vllm_gaudi_commit_is_refused(docker_engine, base_v030):
     # The real profile pins vllm-gaudi 058f107; this base carries 091bbadd.
-    proc = builder("build", "--base", base_v030, "--tag", f"{base_images.IMAGE_REPO}/refused:gaudi",
+    proc = builder("build", "--base", base_v030, "--tag", f"{stand_in_bases.IMAGE_REPO}/refused:gaudi",
                    "--json")
     assert proc.returncode == 2, proc.stderr[-3000:]
     problems = json.loads(proc.stdout)["problems"]
@@ -146,7 +146,7 @@ def test_wrong_vllm_gaudi_commit_is_refused(docker_engine, base_v030):
 
 @pytest.mark.timeout(900)
 def test_installed_files_edited_after_install_are_refused(docker_engine, base_edited):
-    proc = make_image(base_edited, f"{base_images.IMAGE_REPO}/refused:edited")
+    proc = make_image(base_edited, f"{stand_in_bases.IMAGE_REPO}/refused:edited")
     assert proc.returncode == 2, proc.stderr[-3000:]
     problems = json.loads(proc.stdout)["problems"]
     assert len(problems) == 1 and "v1/core/sched/scheduler.py" in problems[0], problems
@@ -158,7 +158,7 @@ def test_install_sh_stops_on_another_base_with_the_published_command(docker_engi
     # The page's own command, plain `docker build`, on a base that is not the v0.30.0 profile's.
     proc = subprocess.run(["docker", "build", "--force-rm", "-f", "ports/inkling-small/Dockerfile",
                            "--build-arg", f"BASE={base_v030}", "-t",
-                           f"{base_images.IMAGE_REPO}/refused:install-sh", "."],
+                           f"{stand_in_bases.IMAGE_REPO}/refused:install-sh", "."],
                           cwd=REPO, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, DOCKER_BUILDKIT="0"))
     assert proc.returncode != 0

@@ -143,3 +143,33 @@ def test_patch_file_outside_the_fix_folder(tree, tmp_path, file):
     with pytest.raises(CookbookError) as err:
         run(profile, tree, mode="check")
     assert err.value.exit_code == 3 and "is outside" in str(err.value)
+
+
+def test_patches_without_a_base_take_their_targets_authored_against():
+    profile = load_profile("v0.30.0")
+    authored = profile.targets["vllm-gaudi"].authored_against
+    assert authored.commit != profile.targets["vllm-gaudi"].commit  # the point: the pin is not public
+    gaudi = [p for name in profile.all_fixes for p in profile.fix(name).patches if p.target == "vllm-gaudi"]
+    assert gaudi and all((p.base.commit, p.base.ref) == (authored.commit, authored.ref) for p in gaudi)
+    seeded = profile.fix("seeded-sampling").patches[0].base.note  # its own note follows the profile's
+    assert seeded.startswith(authored.note) and "re-based with the series" in seeded
+    vllm = profile.fix("rank-exception-fatal").patches[0].base  # a base of its own is kept
+    assert (vllm.commit, vllm.ref, vllm.note) == (BASE, "v0.30.0", "")
+
+
+def test_extends_keeps_authored_against_and_gaudi_sw(tmp_path):
+    stock = load_profile("v0.30.0")
+    (tmp_path / "child.yaml").write_text(
+        "name: child\nextends: v0.30.0\ntargets:\n  vllm-gaudi:\n    commit: 0123abcd\n    ref: main\n")
+    child = load_profile(str(tmp_path / "child.yaml"))
+    assert child.targets["vllm-gaudi"].authored_against == stock.targets["vllm-gaudi"].authored_against
+    assert child.gaudi_sw == stock.gaudi_sw == "1.24.1"
+    (tmp_path / "other.yaml").write_text("name: other\nextends: child.yaml\ngaudi-sw: 1.25.0\n")
+    assert load_profile(str(tmp_path / "other.yaml")).gaudi_sw == "1.25.0"
+
+
+def test_a_patch_without_base_needs_its_targets_authored_against(tmp_path):
+    patches = "patches:\n  - target: vllm\n    file: vllm.patch\n"  # vllm has no authored-against
+    with pytest.raises(CookbookError) as err:
+        api.load_profile(str(profile_with_fix_yaml(tmp_path, fix_yaml("new", patches=patches))))
+    assert err.value.exit_code == 3 and "lacks base" in str(err.value) and "authored-against" in str(err.value)

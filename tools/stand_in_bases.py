@@ -1,17 +1,19 @@
-"""Base images for the docker tests, made on this machine (no image registry is reachable).
+"""Stand-ins for the stock vllm-gaudi base image, for the docker tests: made on this machine (no
+image registry is reachable, and Habana's base image is not to be had here).
 
 1. A Debian root filesystem from debootstrap, using the Debian mirror this machine's apt is
    configured with (read from the apt sources at run time), with python3, pip and git;
-   `docker import`ed. The tarball is cached under ~/.cache/gaudi-cookbook/docker.
+   `docker import`ed. The tarball is cached under the cookbook's cache folder (docker/).
 2. On top of it, vLLM laid out as vllm-gaudi's stock image lays it out: the source tree at
    /workspace/vllm-project and the package in site-packages with a dist-info whose direct_url.json
    points at file:///workspace/vllm-project. This is a faithful stand-in for
    `VLLM_TARGET_DEVICE=empty pip install .` (the sdist's own vllm/_version.py is what
    setuptools-scm writes for that commit), made without building the wheel, which would need the
    network and a Rust toolchain.
-3. vllm-gaudi the same way at /workspace/vllm-gaudi: a real git checkout cloned from the repository
-   named by VLLM_GAUDI_MIRROR, else the tree named by VLLM_GAUDI_SRC, else a stand-in package
-   named as such that carries only version metadata.
+3. vllm-gaudi the same way at /workspace/vllm-gaudi, at the commit the profile's vllm-gaudi patches
+   are authored against: a real git checkout cloned from the repository named by VLLM_GAUDI_MIRROR,
+   else the tree named by VLLM_GAUDI_SRC, else a stand-in package named as such that carries only
+   version metadata.
 """
 from __future__ import annotations
 
@@ -30,13 +32,16 @@ from pathlib import Path
 
 import docker
 
+from cookbook import upstream
+
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("COOKBOOK_CACHE", Path.home() / ".cache" / "gaudi-cookbook")) / "docker"
+CACHE = upstream.CACHE_ROOT / "docker"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"  # pip's target on Debian 12's python3
 ROOTFS_PACKAGES = ["python3", "python3-pip", "python3-setuptools", "python3-wheel", "git",
                    "ca-certificates"]
-# vllm-gaudi main at this commit is the newest public source (the profile's 058f107 is not public).
-VLLM_GAUDI_TEST_COMMIT = "091bbadda10bee4fd3f6d0efc1844d2610dd2707"
+# The commit the profile's vllm-gaudi patches are authored against (main, the newest public source;
+# the pin, releases/v0.30.0 at 058f107, is not public).
+VLLM_GAUDI_TEST_COMMIT = upstream.vllm_gaudi_commit()
 IMAGE_REPO = "gaudi-cookbook-test"
 TRIMMED = ("./usr/share/locale/", "./usr/share/doc/", "./usr/share/man/", "./usr/share/info/")
 
@@ -326,5 +331,15 @@ def build_base(client: docker.DockerClient, vllm_tree: Path, tag: str,
 def content_key(*parts) -> str:
     """Short hash naming a base image after everything that decides its contents."""
     source_text = Path(__file__).read_bytes()
-    extra = [os.environ.get("VLLM_GAUDI_MIRROR", ""), os.environ.get("VLLM_GAUDI_SRC", "")]
+    extra = [VLLM_GAUDI_TEST_COMMIT, os.environ.get("VLLM_GAUDI_MIRROR", ""), os.environ.get("VLLM_GAUDI_SRC", "")]
     return hashlib.sha256(source_text + json.dumps([*map(str, parts), *extra]).encode()).hexdigest()[:12]
+
+
+def stock_layout_base(client: docker.DockerClient, vllm_version: str | None = None,
+                      edit_installed: str | None = None) -> str:
+    """The stand-in base of vLLM `vllm_version` (default: the profile's), built once and named after
+    its contents; edit_installed as in build_base."""
+    vllm_version = vllm_version or upstream.vllm_version()
+    key = content_key(vllm_version, edit_installed)
+    name = f"{IMAGE_REPO}/base-vllm-{vllm_version}{'-edited' if edit_installed else ''}:{key}"
+    return build_base(client, upstream.vllm_source(vllm_version), name, edit_installed=edit_installed)
