@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, build_step_metadata
+from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, reference_step_metadata
 from inkling_hpu.model.knobs import Knobs
 
 BLOCK = 128
@@ -89,9 +89,9 @@ def main() -> None:
                 new = source.index_select(0, meta.conv_write_source.reshape(-1)).view(-1, taps, state.shape[-1])
                 state.index_copy_(0, meta.conv_write_blocks, new)
 
-    decode = build_step_metadata([RequestChunk([5], args.context, tables[r]) for r in range(args.requests)],
+    decode = reference_step_metadata([RequestChunk([5], args.context, tables[r]) for r in range(args.requests)],
                                  block_size=BLOCK, conv_kernel_size=4, pad_block_id=pad)
-    chunk = build_step_metadata([RequestChunk([7] * 512, args.context, tables[0])], block_size=BLOCK,
+    chunk = reference_step_metadata([RequestChunk([7] * 512, args.context, tables[0])], block_size=BLOCK,
                                 conv_kernel_size=4, pad_block_id=pad)
     rows = []
     for name, meta in ((f"decode step, {args.requests} requests at {args.context}", decode),
@@ -111,10 +111,10 @@ def main() -> None:
               f"  ({alone_t / with_t:.2%} of the step)")
 
     prompt = [(11 * i + 3) % CONFIG["vocab_size"] for i in range(3 * BLOCK + 20)]
-    cold_meta = build_step_metadata([RequestChunk(prompt, 0, tables[1])], block_size=BLOCK, conv_kernel_size=4,
+    cold_meta = reference_step_metadata([RequestChunk(prompt, 0, tables[1])], block_size=BLOCK, conv_kernel_size=4,
                                     pad_block_id=pad)
     run(cold_meta)                           # fills blocks 0..2 and their snapshots (what a hit reuses)
-    hit_meta = build_step_metadata([RequestChunk(prompt[3 * BLOCK:], 3 * BLOCK, tables[1])], block_size=BLOCK,
+    hit_meta = reference_step_metadata([RequestChunk(prompt[3 * BLOCK:], 3 * BLOCK, tables[1])], block_size=BLOCK,
                                    conv_kernel_size=4, pad_block_id=pad)
     cold, hit = [], []
     for _ in range(2):

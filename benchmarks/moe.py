@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, build_step_metadata
+from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, reference_step_metadata
 from inkling_hpu.model.knobs import Knobs
 from inkling_hpu.model.modeling import InklingExperts, all_experts_reference
 
@@ -73,9 +73,9 @@ def steps(model: InklingForCausalLM):
     pad = DECODE_REQUESTS * blocks_per_request
     caches = model.allocate_caches(pad + 1, BLOCK)
     tokens = torch.randint(0, CONFIG["vocab_size"], (PREFILL_TOKENS,), generator=torch.Generator().manual_seed(1))
-    prefill = build_step_metadata([RequestChunk(tokens.tolist(), 0, list(range(PREFILL_TOKENS // BLOCK)))],
+    prefill = reference_step_metadata([RequestChunk(tokens.tolist(), 0, list(range(PREFILL_TOKENS // BLOCK)))],
                                   block_size=BLOCK, conv_kernel_size=4, pad_block_id=pad)
-    decode = build_step_metadata(
+    decode = reference_step_metadata(
         [RequestChunk([7 + r], DECODE_CONTEXT, list(range(r * blocks_per_request, (r + 1) * blocks_per_request)))
          for r in range(DECODE_REQUESTS)], block_size=BLOCK, conv_kernel_size=4, pad_block_id=pad)
     return [(f"prefill chunk of {PREFILL_TOKENS} tokens", prefill, caches),

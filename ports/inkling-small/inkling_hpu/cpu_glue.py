@@ -9,24 +9,24 @@ translation differs:
   holder declares a page padded by the conv-state bytes (the same per-block snapshot rows as on HPU,
   docs/caches.md), so vLLM sizes the pool with them, and the glue views each page as
   [K rows | V rows | conv state]: the conv state of block b lives in block b's page.
-- vLLM's attention metadata (query_start_loc, seq_lens, block_table) becomes the model's
-  StepMetadata through `build_step_metadata` (on the host: this is a CPU). Block 0 is vLLM's null
-  block, never handed to a request, so it is the pad block.
+- vLLM's attention metadata (query_start_loc, seq_lens, block_table) packs a step's decodes and prefill
+  chunks into one call; the model runs them as vllm-gaudi's runner calls it, the decodes together and
+  each chunk alone, their StepMetadata made by the HPU's own builders (model/device_metadata.py). Block 0
+  is vLLM's null block, never handed to a request, so it is the pad block.
 - The start-up lines (KV groups, pool, conv snapshots, decode window) come from the KVCacheConfig the
   runner really allocated (`kv_cache_config_ready`).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
 from inkling_hpu import guards
 from inkling_hpu.model import InklingForCausalLM
-from inkling_hpu.model.metadata import RequestChunk, StepMetadata, build_step_metadata
+from inkling_hpu.model.device_metadata import decode_step_metadata, prefill_step_metadata
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
-from inkling_hpu.vllm_model import InklingVllmModel, logger
+from inkling_hpu.vllm_model import InklingVllmModel, ModelCall, logger
 
 # vLLM's KV cache manager keeps block 0 as its null block: never in a request's block table.
 PAD_BLOCK = 0
@@ -133,23 +133,94 @@ class CpuPlatform:
         return page_views(kv, model.block_size, attn.num_key_value_heads, attn.head_dim,
                           model.inkling.conv_channels(layer_idx), model.config.conv_kernel_size - 1, layer_idx)
 
-    # --- step metadata --------------------------------------------------------------------------
-    def step_metadata(self, model: InklingVllmModel, input_ids: torch.Tensor, positions: torch.Tensor, meta,
-                      pad_block: int) -> StepMetadata:
-        """The model's StepMetadata from vLLM's CPU attention metadata (one entry per layer, all the same
-        group: the first holder's)."""
+    # --- model calls ----------------------------------------------------------------------------
+    def model_calls(self, model: InklingVllmModel, input_ids: torch.Tensor, positions: torch.Tensor, meta,
+                    pad_block: int) -> list[ModelCall]:
+        """vLLM's CPU attention metadata (one entry per layer, all the same group: the first holder's) packs
+        the step's decodes and prefill chunks into one call; the model runs them as on HPU, with the same
+        builders (model/device_metadata.py): the single-token requests together over a flat block list,
+        then each prefill chunk alone, a chunk that reads a block another computes after it."""
         if isinstance(meta, dict):
             meta = meta[model.kv_holders[0].layer_name]
-        starts = meta.query_start_loc.tolist()
-        seq_lens = meta.seq_lens.tolist()
-        tokens = input_ids.tolist()
-        chunks = []
-        for r, seq_len in enumerate(seq_lens):
-            begin, end = starts[r], starts[r + 1]
-            chunks.append(RequestChunk(token_ids=tokens[begin:end], num_computed=seq_len - (end - begin),
-                                       block_ids=meta.block_table[r, :math.ceil(seq_len / model.block_size)].tolist()))
-        return build_step_metadata(chunks, block_size=model.block_size, conv_kernel_size=model.config.conv_kernel_size,
-                                   pad_block_id=pad_block, pad_tokens_to=input_ids.shape[0])
+        starts = meta.query_start_loc.tolist()      # host values: this is a CPU
+        requests = []
+        for r, seq_len in enumerate(meta.seq_lens.tolist()):
+            blocks = meta.block_table[r, :-(-seq_len // model.block_size)].tolist()
+            requests.append(PackedRequest(starts[r], starts[r + 1], seq_len, blocks, model.block_size))
+        taps = model.config.conv_kernel_size - 1
+        first, *later = writer_layers(requests)
+        decodes = [request for request in first if request.num_new == 1]
+        calls = [self._decode_call(model, input_ids, decodes, pad_block, taps)] if decodes else []
+        for request in [*first, *(request for layer in later for request in layer)]:
+            if request.num_new > 1 or request not in decodes:
+                calls.append(self._chunk_call(model, input_ids, request, pad_block, taps))
+        return calls
+
+    @staticmethod
+    def _chunk_call(model: InklingVllmModel, input_ids: torch.Tensor, request: "PackedRequest", pad_block: int,
+                    taps: int) -> ModelCall:
+        rows = torch.arange(request.begin, request.end)
+        positions = torch.arange(request.num_computed, request.seq_len)
+        step = prefill_step_metadata(input_ids[rows][None, :], positions[None, :], request.slots(positions)[None, :],
+                                     torch.tensor([request.num_computed]), torch.tensor(request.blocks),
+                                     block_size=model.block_size, pad_block=pad_block, taps=taps)
+        return ModelCall(step, rows)
+
+    @staticmethod
+    def _decode_call(model: InklingVllmModel, input_ids: torch.Tensor, decodes: list["PackedRequest"],
+                     pad_block: int, taps: int) -> ModelCall:
+        rows = torch.tensor([request.begin for request in decodes])
+        positions = torch.tensor([request.num_computed for request in decodes])
+        slots = torch.cat([request.slots(positions[g:g + 1]) for g, request in enumerate(decodes)])
+        block_list = torch.tensor([block for request in decodes for block in request.blocks])
+        owners = torch.tensor([g for g, request in enumerate(decodes) for _ in request.blocks])
+        step = decode_step_metadata(input_ids[rows][:, None], positions[:, None], slots[:, None], block_list, owners,
+                                    None, None, block_size=model.block_size, pad_block=pad_block, taps=taps)
+        return ModelCall(step, rows)
+
+
+@dataclasses.dataclass(eq=False)
+class PackedRequest:
+    """One request of a packed CPU step: input rows begin..end, its context ending at seq_len, and the
+    blocks that hold it (its block table's first ceil(seq_len / block_size) entries)."""
+
+    begin: int
+    end: int
+    seq_len: int
+    blocks: list[int]
+    block_size: int
+
+    @property
+    def num_new(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def num_computed(self) -> int:
+        return self.seq_len - self.num_new
+
+    def slots(self, positions: torch.Tensor) -> torch.Tensor:
+        table = torch.tensor(self.blocks)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def written(self) -> set[int]:
+        return set(self.blocks[self.num_computed // self.block_size:])
+
+    def read(self) -> set[int]:
+        return set(self.blocks[:-(-self.num_computed // self.block_size)])
+
+
+def writer_layers(requests: list[PackedRequest]) -> list[list[PackedRequest]]:
+    """`requests` in layers, each in batch order: a request that reads a block another request computes in
+    this step (a prefix-cache hit on a block scheduled in the same step) is in a later layer than that
+    writer, since the block's KV and conv state exist only once the writer's call ran. Nearly always one
+    layer. A block has one writer (vLLM shares only full blocks, which nobody computes into)."""
+    layers, pending = [], list(requests)
+    while pending:
+        unwritten = {block for request in pending for block in request.written()}
+        layer = [r for r in pending if not r.read() & (unwritten - r.written())] or pending[:1]
+        layers.append(layer)
+        pending = [r for r in pending if r not in layer]
+    return layers
 
 
 class CpuInklingForCausalLM(InklingVllmModel):

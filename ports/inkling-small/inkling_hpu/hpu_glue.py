@@ -33,7 +33,7 @@ from inkling_hpu.model import InklingForCausalLM
 from inkling_hpu.model.device_metadata import check_context_blocks, decode_step_metadata, prefill_step_metadata
 from inkling_hpu.model.metadata import StepMetadata
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
-from inkling_hpu.vllm_model import InklingVllmModel, logger
+from inkling_hpu.vllm_model import InklingVllmModel, ModelCall, logger
 
 
 def _gaudi_runtime_config():
@@ -175,6 +175,11 @@ class HpuPlatform:
             views[stream] = rows[:, offset:offset + taps * width].unflatten(1, (taps, width))
             offset += taps * width
         return views
+
+    def model_calls(self, model: InklingVllmModel, input_ids: torch.Tensor, positions: torch.Tensor, meta,
+                    pad_block: int) -> list[ModelCall]:
+        """vllm-gaudi's runner already calls the model once per kind (prefills, decodes): one call."""
+        return [ModelCall(self.step_metadata(model, input_ids, positions, meta, pad_block))]
 
     def step_metadata(self, model: InklingVllmModel, input_ids: torch.Tensor, positions: torch.Tensor, meta,
                       pad_block: int) -> StepMetadata:

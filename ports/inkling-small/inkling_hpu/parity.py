@@ -32,7 +32,7 @@ import torch
 
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import KnobError, Knobs, read_knobs
-from inkling_hpu.model.metadata import RequestChunk, build_step_metadata
+from inkling_hpu.model.metadata import RequestChunk, reference_step_metadata
 from inkling_hpu.model.modeling import InklingForCausalLM
 from inkling_hpu.model.weights import load_checkpoint
 
@@ -247,7 +247,7 @@ class PortSession:
                         pad_conv_writes_to=sum(-(-(d + len(t)) // self.block_size) - d // self.block_size
                                                for _, t, d in work) + 2)
         self.history.append((sum(len(c.token_ids) > 1 for c in chunks), sum(len(c.token_ids) == 1 for c in chunks)))
-        meta = build_step_metadata(chunks, block_size=self.block_size,
+        meta = reference_step_metadata(chunks, block_size=self.block_size,
                                    conv_kernel_size=self.model.config.conv_kernel_size,
                                    pad_block_id=self.pad_block, **pads)
         with torch.no_grad():

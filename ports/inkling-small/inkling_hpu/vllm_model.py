@@ -11,7 +11,8 @@ All math is in inkling_hpu.model. `InklingVllmModel` translates between vLLM and
 - the KVCacheConfig the runner allocated -> the start-up refusals and lines (`kv_cache_config_ready`).
 What differs by platform is a `Platform` adapter's (hpu_glue.HpuPlatform, cpu_glue.CpuPlatform): the
 runner, the runtime flags, the holder class, the views of the pool (`caches`) and the translation of
-its attention metadata into the model's StepMetadata (`step_metadata`), and the MoE op. Each platform's
+its attention metadata into the model's calls and their StepMetadata (`model_calls`, built with tensor
+ops by model/device_metadata.py on both), and the MoE op. Each platform's
 registered class is this one with its adapter named; neither overrides a method.
 Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 """
@@ -22,6 +23,7 @@ import importlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -31,6 +33,7 @@ from inkling_hpu import guards
 from inkling_hpu.loader import TensorSpec, TextCheckpoint
 from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, PipelineStage, TensorParallel
 from inkling_hpu.model import weights as weight_table
+from inkling_hpu.model.metadata import StepMetadata
 
 # Under vLLM's logger hierarchy: vLLM's handler prints it in the server log, in every process.
 logger = logging.getLogger("vllm.inkling_hpu")
@@ -175,6 +178,16 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
 
 
+@dataclass
+class ModelCall:
+    """One run of the model over some of a step's input rows. vllm-gaudi's runner calls the model once per
+    kind (prefills, decodes): one call, every row. vLLM's CPU worker packs a step into one call, which the
+    CPU platform splits the same way."""
+
+    step: StepMetadata
+    rows: torch.Tensor | None = None   # the flat input rows it computes, in its tokens' order (None: all)
+
+
 class InklingVllmModel(nn.Module):
     """vLLM model class for Inkling: forward(input_ids, positions) -> hidden states. `Platform` (a class
     attribute set by each platform's registered class) adapts the runner's pool and attention metadata."""
@@ -281,11 +294,17 @@ class InklingVllmModel(nn.Module):
         if not meta:   # a dummy run before the KV cache exists (vLLM's CPU profiling run): nothing to attend
             return self._stage_output(torch.zeros(*input_ids.shape, self.config.hidden_size, dtype=self.inkling.dtype))
         caches, pad_block = self.platform.caches(self)
-        step = self.platform.step_metadata(self, input_ids, positions, meta, pad_block)
         previous = None
         if intermediate_tensors is not None:
             previous = intermediate_tensors["hidden_states"].reshape(-1, self.config.hidden_size)
-        hidden = self.inkling(step, caches, previous)
+        calls = self.platform.model_calls(self, input_ids, positions, meta, pad_block)
+        if len(calls) == 1 and calls[0].rows is None:
+            hidden = self.inkling(calls[0].step, caches, previous)
+        else:     # rows no call computes (the runner's padding) stay zero
+            hidden = torch.zeros(input_ids.numel(), self.config.hidden_size, dtype=self.inkling.dtype,
+                                 device=input_ids.device)
+            for call in calls:
+                hidden[call.rows] = self.inkling(call.step, caches, None if previous is None else previous[call.rows])
         return self._stage_output(hidden.view(*input_ids.shape, -1))
 
     def _stage_output(self, hidden: torch.Tensor):

@@ -4,12 +4,12 @@
     model    = InklingForCausalLM(config)                 # reads the INKLING_* knobs once
     weights.load_checkpoint(model, tensors)               # `model.llm.*` names, this rank's slabs
     caches   = model.allocate_caches(num_blocks, block_size)   # KV and conv state per block
-    meta     = build_step_metadata([RequestChunk(...), ...], block_size=..., ...)
+    meta     = reference_step_metadata([RequestChunk(...), ...], block_size=..., ...)
     logits   = model.compute_logits(model(meta, caches)[meta.last_token_index])
 """
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import KNOBS, Knobs, read_knobs
-from inkling_hpu.model.metadata import RequestChunk, StepMetadata, build_step_metadata
+from inkling_hpu.model.metadata import RequestChunk, StepMetadata, reference_step_metadata
 from inkling_hpu.model.modeling import (
     InklingCaches,
     InklingDecoderLayer,
@@ -20,6 +20,6 @@ from inkling_hpu.model.modeling import (
 
 __all__ = [
     "KNOBS", "Knobs", "read_knobs", "InklingConfigError", "InklingPortConfig", "RequestChunk", "StepMetadata",
-    "build_step_metadata", "InklingCaches", "InklingDecoderLayer", "InklingForCausalLM", "PipelineStage",
+    "reference_step_metadata", "InklingCaches", "InklingDecoderLayer", "InklingForCausalLM", "PipelineStage",
     "TensorParallel",
 ]

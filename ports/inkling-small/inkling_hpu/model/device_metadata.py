@@ -5,7 +5,7 @@ vllm-gaudi runs prefills and decodes as separate forward calls: prefill [bs, L] 
 blocks (block_list [bs * context bucket]) and context length; decode [bs, 1] with a flat block_list
 and block_groups (the request of each block; HpuModelAdapter turns padding into bs). A prefill row
 with context is always alone in its call (_can_merge_prefill_contents), so no row of a call reads a
-block another row of the same call writes (the host builder, metadata.build_step_metadata, handles
+block another row of the same call writes (the host builder, metadata.reference_step_metadata, handles
 that case too: vLLM's CPU worker mixes prefills and decodes in one packed call).
 """
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Per-step metadata for the Inkling forward, built on the CPU from plain per-request facts.
+"""Per-step metadata for the Inkling forward, and its reference builder: `reference_step_metadata` builds it
+in plain Python from per-request facts, any mix of prefill chunks and decodes in one step. The served
+paths (HPU and vLLM's CPU worker) build it with tensor ops in device_metadata.py; this builder is the
+reference the tests, the parity harness and the benchmarks use.
 
 The forward takes flattened tokens (several requests, each prefilling a chunk or decoding one
 token, in any mix) and this metadata. Every index is computed here, so the forward itself has
@@ -136,7 +139,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def build_step_metadata(
+def reference_step_metadata(
     chunks: Sequence[RequestChunk],
     *,
     block_size: int,

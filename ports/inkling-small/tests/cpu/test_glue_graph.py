@@ -7,7 +7,7 @@ block_list with block_groups; padding groups = bs after HpuModelAdapter). The te
 exactly those layouts (tests/cpu/test_plugin.py and test_prefix_conv_state.py feed the real runner's).
 `torch.compile(fullgraph=True)` refuses any graph break (a .item(), .tolist(), a branch on a tensor
 value), so tracing prefill_step_metadata / decode_step_metadata together with the model shows the
-step has no host sync. The results must equal the CPU metadata builder's (build_step_metadata).
+step has no host sync. The results must equal the CPU metadata builder's (reference_step_metadata).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 import model_helpers as helpers
 from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
 from inkling_hpu.model.device_metadata import decode_step_metadata, prefill_step_metadata
-from inkling_hpu.model.metadata import RequestChunk, build_step_metadata
+from inkling_hpu.model.metadata import RequestChunk, reference_step_metadata
 
 CONFIG = "tiny-gqa2-mix.json"
 BLOCK = 4
@@ -98,7 +98,7 @@ def _step(model, caches, prefill, decode):
 
 
 def _reference_step(model, caches, chunks):
-    meta = build_step_metadata(chunks, block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD)
+    meta = reference_step_metadata(chunks, block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD)
     return model.compute_logits(model(meta, caches))
 
 
@@ -155,9 +155,9 @@ def test_flat_decode_attention_equals_the_per_request_tables(config, dtype):
     prompts = [[t % 30 for t in _tokens(n, seed=n)] for n in (13, 22, 5)]
     tables = [list(range(1, 8)), list(range(8, 15)), list(range(15, 22))]
     with torch.no_grad():
-        model(build_step_metadata([RequestChunk(p, 0, t) for p, t in zip(prompts, tables)], block_size=BLOCK,
+        model(reference_step_metadata([RequestChunk(p, 0, t) for p, t in zip(prompts, tables)], block_size=BLOCK,
                                   conv_kernel_size=kernel, pad_block_id=39), caches)
-        decode = build_step_metadata([RequestChunk([7], len(p), t) for p, t in zip(prompts, tables)], block_size=BLOCK,
+        decode = reference_step_metadata([RequestChunk([7], len(p), t) for p, t in zip(prompts, tables)], block_size=BLOCK,
                                      conv_kernel_size=kernel, pad_block_id=39, pad_decode_requests_to=4,
                                      pad_blocks_to=8)
         flat = replace(decode, groups=[flat_decode_group(g, 39) for g in decode.groups])

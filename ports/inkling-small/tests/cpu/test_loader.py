@@ -447,10 +447,10 @@ def test_optional_tensor_may_be_absent(checkpoint):
 
 @pytest.mark.parametrize("tp_size", [1, 2])
 def test_glue_loads_rank_slabs_exactly_like_the_full_tensor_path(tmp_path, tp_size):
-    """hpu_glue.load_text_checkpoint (this loader, reading only each rank's slab) fills the port
+    """vllm_model.load_text_checkpoint (this loader, reading only each rank's slab) fills the port
     model exactly as the model's own name table does from each full tensor's slab r of tp_size."""
     from inkling_hpu import parity
-    from inkling_hpu.hpu_glue import load_text_checkpoint
+    from inkling_hpu.vllm_model import load_text_checkpoint
     from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, TensorParallel
     from inkling_hpu.model import weights as weight_table
     from inkling_hpu.model.knobs import Knobs

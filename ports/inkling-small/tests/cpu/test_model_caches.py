@@ -8,7 +8,7 @@ import torch
 import model_helpers as helpers
 from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
 from inkling_hpu.model import modeling
-from inkling_hpu.model.metadata import MetadataError, RequestChunk, build_step_metadata
+from inkling_hpu.model.metadata import MetadataError, RequestChunk, reference_step_metadata
 
 CONFIG = "tiny-gqa2-mix.json"    # block 4, window 8, rel_extent 16, kernel 4
 BLOCK = 4
@@ -17,7 +17,7 @@ PAD_BLOCK = NUM_BLOCKS - 1
 
 
 def _step(model, caches, chunks, **pads):
-    meta = build_step_metadata(chunks, block_size=BLOCK, conv_kernel_size=model.config.conv_kernel_size,
+    meta = reference_step_metadata(chunks, block_size=BLOCK, conv_kernel_size=model.config.conv_kernel_size,
                                pad_block_id=PAD_BLOCK, **pads)
     with torch.no_grad():
         return model.compute_logits(model(meta, caches))[: meta.num_real_tokens]
@@ -131,23 +131,23 @@ def test_a_request_resumes_from_a_shared_block_snapshot():
 ])
 def test_metadata_refuses_inexact_requests(chunk, message):
     with pytest.raises(MetadataError, match=message):
-        build_step_metadata([chunk], block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD_BLOCK)
+        reference_step_metadata([chunk], block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD_BLOCK)
 
 
 def test_metadata_refuses_two_writers_of_a_block_and_too_small_buckets():
     chunks = [RequestChunk([1, 2], 0, [1]), RequestChunk([3], 0, [1])]
     with pytest.raises(MetadataError, match="block 1, which request 0 of the same step also computes into"):
-        build_step_metadata(chunks, block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD_BLOCK)
+        reference_step_metadata(chunks, block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD_BLOCK)
     with pytest.raises(MetadataError, match="pad_tokens_to=2 is smaller than the 3 tokens"):
-        build_step_metadata([chunks[0], RequestChunk([3], 0, [2])], block_size=BLOCK, conv_kernel_size=4,
+        reference_step_metadata([chunks[0], RequestChunk([3], 0, [2])], block_size=BLOCK, conv_kernel_size=4,
                             pad_block_id=PAD_BLOCK, pad_tokens_to=2)
     with pytest.raises(MetadataError, match="pad_conv_writes_to=1 is smaller than the 2 blocks"):
-        build_step_metadata([chunks[0], RequestChunk([3], 0, [2])], block_size=BLOCK, conv_kernel_size=4,
+        reference_step_metadata([chunks[0], RequestChunk([3], 0, [2])], block_size=BLOCK, conv_kernel_size=4,
                             pad_block_id=PAD_BLOCK, pad_conv_writes_to=1)
 
 
 def test_conv_taps_come_from_the_step_or_the_state():
-    meta = build_step_metadata([RequestChunk([7, 8, 9], 2, [1, 3]), RequestChunk([5], 0, [2])],
+    meta = reference_step_metadata([RequestChunk([7, 8, 9], 2, [1, 3]), RequestChunk([5], 0, [2])],
                                block_size=BLOCK, conv_kernel_size=4, pad_block_id=PAD_BLOCK)
     tokens, state_rows = 4, 2 * 3
     zero = tokens + state_rows

@@ -6,7 +6,7 @@ import torch
 
 import model_helpers as helpers
 from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
-from inkling_hpu.model.metadata import RequestChunk, build_step_metadata
+from inkling_hpu.model.metadata import RequestChunk, reference_step_metadata
 
 
 @pytest.mark.timeout(300)
@@ -15,7 +15,7 @@ def test_mixed_step_traces_as_one_graph(knobs):
     """torch.compile(fullgraph=True) refuses any graph break (a .item(), a branch on a tensor value),
     so a full trace of a padded mixed prefill + decode step shows the hot path is capturable."""
     model = helpers.as_on_hpu(helpers.port_model("tiny-gqa2-mix.json", knobs))
-    meta = build_step_metadata(
+    meta = reference_step_metadata(
         [RequestChunk([1, 2, 3, 4, 5], 3, [1, 2, 3]), RequestChunk([7], 9, [4, 5, 6])],
         block_size=4, conv_kernel_size=4, pad_block_id=23,
         pad_tokens_to=8, pad_prefill_rows_to=6, pad_decode_requests_to=2, pad_requests_to=3, pad_blocks_to=4,

@@ -98,7 +98,7 @@ def test_a_stage_without_its_previous_stage_refuses():
 
 
 def _step(model):
-    from inkling_hpu.model import RequestChunk, build_step_metadata
+    from inkling_hpu.model import RequestChunk, reference_step_metadata
 
-    return build_step_metadata([RequestChunk(token_ids=[5, 6, 7], num_computed=0, block_ids=[1])], block_size=16,
+    return reference_step_metadata([RequestChunk(token_ids=[5, 6, 7], num_computed=0, block_ids=[1])], block_size=16,
                                conv_kernel_size=model.config.conv_kernel_size, pad_block_id=0)

@@ -385,14 +385,14 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
 
     # The same schedule straight through the model (no runner, no glue), in the dtype vLLM chose
     # (the HPU platform serves bf16): the runner path must give exactly these tokens.
-    from inkling_hpu.model import RequestChunk, build_step_metadata
+    from inkling_hpu.model import RequestChunk, reference_step_metadata
 
     model = glue.inkling
     caches = model.allocate_caches(2, runner.block_size)
     tokens, direct, schedule = list(prompt), [], [(0, 7), (7, 13)] + [(20 + i, 1) for i in range(5)]
     with torch.inference_mode():
         for start, size in schedule:
-            step = build_step_metadata([RequestChunk(tokens[start:start + size], start, [0])],
+            step = reference_step_metadata([RequestChunk(tokens[start:start + size], start, [0])],
                                        block_size=runner.block_size, conv_kernel_size=4, pad_block_id=1)
             if start + size == len(tokens):
                 direct.append(int(model.compute_logits(model(step, caches)[-1:]).argmax()))
