@@ -3,7 +3,7 @@ block_table). The CPU platform runs them as vllm-gaudi's runner calls the model,
 builders (model/device_metadata.py): the single-token requests together, each chunk alone, and a request
 that reads a block another request of the step computes (a prefix-cache hit on a block scheduled in the
 same step) after that request. Its logits must equal the reference builder's on the same packed steps,
-whatever the batch order."""
+whatever the batch order, with the local layers' decode-window lists (knobs on) and without."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -27,7 +27,7 @@ def _tokens(n, seed):
     return torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-PROMPTS = {name: _tokens(12, seed) for seed, name in enumerate(TABLES)}
+PROMPTS = {name: _tokens(20, seed) for seed, name in enumerate(TABLES)}
 PROMPTS["D"] = PROMPTS["E"][:8] + _tokens(3, 10)
 PROMPTS["F"] = PROMPTS["E"][:8] + _tokens(1, 11)
 
@@ -49,7 +49,7 @@ def _packed(rows: list[tuple[str, int, int]]):
 
 def _platform_logits(model, caches, rows):
     meta, ids, _ = _packed(rows)
-    glue = SimpleNamespace(block_size=BLOCK, config=model.config)
+    glue = SimpleNamespace(block_size=BLOCK, config=model.config, inkling=model)
     hidden = torch.zeros(ids.numel(), model.config.hidden_size)
     for call in cpu_glue.CpuPlatform().model_calls(glue, ids, None, meta, cpu_glue.PAD_BLOCK):
         hidden[call.rows] = model(call.step, caches)
@@ -66,6 +66,8 @@ STEPS = [
     [("A", 0, 6), ("B", 0, 9), ("C", 0, 4)],
     [("A", 6, 1), ("B", 9, 1), ("C", 4, 7)],                   # decodes (A at a block boundary) and a chunk
     [("D", 8, 3), ("F", 8, 1), ("E", 0, 10), ("A", 7, 1)],     # D and F hit E's blocks E computes this step
+    [("C", 11, 6), ("B", 10, 1)],
+    [("C", 17, 1), ("A", 8, 1), ("B", 11, 1)],                 # C decodes over 5 blocks: its window is the last 3
 ]
 
 
