@@ -151,7 +151,7 @@ class CpuPlatform:
         decodes = [request for request in first if request.num_new == 1]
         calls = [self._decode_call(model, input_ids, decodes, pad_block, taps)] if decodes else []
         for request in [*first, *(request for layer in later for request in layer)]:
-            if request.num_new > 1 or request not in decodes:
+            if request not in decodes:
                 calls.append(self._chunk_call(model, input_ids, request, pad_block, taps))
         return calls
 
