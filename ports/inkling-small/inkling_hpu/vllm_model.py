@@ -85,7 +85,8 @@ def _pipeline_stage(num_layers: int) -> PipelineStage:
 
     group = get_pp_group()
     start, end = get_pp_indices(num_layers, group.rank_in_group, group.world_size)
-    return PipelineStage(start, end, first=group.is_first_rank, last=group.is_last_rank)
+    return PipelineStage(start, end, first=group.is_first_rank, last=group.is_last_rank, rank=group.rank_in_group,
+                         size=group.world_size)
 
 
 
@@ -223,8 +224,10 @@ class InklingVllmModel(nn.Module):
             holder.extra_bytes_per_block = taps * sum(self.inkling.conv_channels(i).values()) * dtype_bytes
             self.kv_holders.append(holder)
         if not self.stage.is_whole_model:
-            logger.info("Inkling pipeline stage: layers %d..%d of %d%s (TP rank %d of %d)", self.stage.start,
-                        self.stage.end - 1, self.config.num_hidden_layers,
+            # says who it is: vLLM writes its "(Worker_PP0 pid=…)" prefix apart from the line, so unbuffered
+            # workers' prefixes can land on another's line
+            logger.info("Inkling pipeline stage %d of %d: layers %d..%d of %d%s (TP rank %d of %d)", self.stage.rank,
+                        self.stage.size, self.stage.start, self.stage.end - 1, self.config.num_hidden_layers,
                         "".join(part for part, held in ((", the embedding", self.stage.first),
                                                         (", the final norm and the head", self.stage.last)) if held),
                         self.tp.rank, self.tp.size)

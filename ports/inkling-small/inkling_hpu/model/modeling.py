@@ -59,12 +59,15 @@ class TensorParallel:
 @dataclass(frozen=True)
 class PipelineStage:
     """The layers [start, end) this pipeline stage holds (vLLM's get_pp_indices split), and whether it
-    is the first stage (it embeds the tokens) and the last (it holds the final norm and the head)."""
+    is the first stage (it embeds the tokens) and the last (it holds the final norm and the head); `rank`
+    of `size` stages."""
 
     start: int
     end: int
     first: bool = True
     last: bool = True
+    rank: int = 0
+    size: int = 1
 
     @classmethod
     def whole(cls, num_layers: int) -> "PipelineStage":

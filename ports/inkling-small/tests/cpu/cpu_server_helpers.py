@@ -138,7 +138,9 @@ def assert_workers_read_their_share(server: "cpu_server.CpuServer", tensor_paral
     from inkling_hpu.model.config import InklingPortConfig
 
     done = {}
-    for match in re.finditer(r"\((Worker\S*) pid=\d+\).*Inkling loading, [^:]*: [0-9.]+ [MG]B of ([0-9.]+) ([MG])B \(100%\)",
+    # keyed by the line's own "rank r of n[, stage of layers a..b]", not vLLM's worker prefix (written apart
+    # from the line, it can stand before another worker's line)
+    for match in re.finditer(r"Inkling loading, ([^:\n]*): [0-9.]+ [MG]B of ([0-9.]+) ([MG])B \(100%\)",
                              server.log.read_text()):
         done[match.group(1)] = float(match.group(2)) * (1e9 if match.group(3) == "G" else 1e6)
     assert len(done) == tensor_parallel * pipeline_parallel, done
