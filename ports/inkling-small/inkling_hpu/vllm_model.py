@@ -85,8 +85,7 @@ def _pipeline_stage(num_layers: int) -> PipelineStage:
 
     group = get_pp_group()
     start, end = get_pp_indices(num_layers, group.rank_in_group, group.world_size)
-    return PipelineStage(start, end, first=group.is_first_rank, last=group.is_last_rank, rank=group.rank_in_group,
-                         size=group.world_size)
+    return PipelineStage(start, end, rank=group.rank_in_group, size=group.world_size)
 
 
 

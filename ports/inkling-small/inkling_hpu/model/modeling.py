@@ -58,16 +58,21 @@ class TensorParallel:
 
 @dataclass(frozen=True)
 class PipelineStage:
-    """The layers [start, end) this pipeline stage holds (vLLM's get_pp_indices split), and whether it
-    is the first stage (it embeds the tokens) and the last (it holds the final norm and the head); `rank`
-    of `size` stages."""
+    """The layers [start, end) pipeline stage `rank` of `size` holds (vLLM's get_pp_indices split). The
+    first stage embeds the tokens; the last holds the final norm and the head."""
 
     start: int
     end: int
-    first: bool = True
-    last: bool = True
     rank: int = 0
     size: int = 1
+
+    @property
+    def first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def last(self) -> bool:
+        return self.rank == self.size - 1
 
     @classmethod
     def whole(cls, num_layers: int) -> "PipelineStage":

@@ -40,8 +40,8 @@ class StagedPipeline:
 
 
 def _stages(bounds: list[int]) -> list[PipelineStage]:
-    return [PipelineStage(start, end, first=start == 0, last=end == bounds[-1])
-            for start, end in zip(bounds, bounds[1:])]
+    return [PipelineStage(start, end, rank=rank, size=len(bounds) - 1)
+            for rank, (start, end) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def _staged_models(config_name: str, bounds: list[int]) -> list[modeling.InklingForCausalLM]:
