@@ -67,6 +67,8 @@ INKLING = {
     "route_scale": 2.5, "logits_mup_width_multiplier": 2.0, "sconv_kernel_size": 4, "rms_norm_eps": 1e-6,
     "use_embed_norm": True,
 }
+VOCAB_ROWS = 1024   # embedding and head rows; the tokenizer has one id fewer
+
 # Tensors of the multimodal checkpoint that the text-only loader must leave unread.
 TOWERS = {"model.visual.blocks.0.attn.qkv.weight": (384, 128), "model.visual.merger.mlp.0.weight": (128, 512),
           "model.audio.encoder.layers.0.fc1.weight": (256, 128)}
@@ -78,12 +80,15 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: i
     import torch
     from safetensors.torch import save_file
 
-    from inkling_hpu import parity
+    from inkling_hpu import parity, vllm_model
     from inkling_hpu.parsers.inkling_py import MARKERS
 
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=1024, extra_specials=tuple(MARKERS))
-    model_config = dict(INKLING, vocab_size=len(tok), unpadded_vocab_size=len(tok), padded_vocab_size=len(tok),
+    # The embedding and head have one row more than the tokenizer has ids, as a real checkpoint pads them
+    # (Inkling-Small: 201,024 rows, 200,058 logits kept): vLLM admits a prompt id up to the tokenizer's
+    # vocab_size, a size it counts as an id (vllm/tokenizers/hf.py:132), and every admitted id needs a row.
+    tok = build_tokenizer(out, vocab_size=VOCAB_ROWS - 1, extra_specials=tuple(MARKERS))
+    model_config = dict(INKLING, vocab_size=VOCAB_ROWS, unpadded_vocab_size=len(tok), padded_vocab_size=VOCAB_ROWS,
                         n_routed_experts=experts or INKLING["n_routed_experts"],
                         num_experts_per_tok=top_k or INKLING["num_experts_per_tok"])
     reference = parity.build_reference(model_config, seed, torch.float32)
@@ -114,6 +119,7 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: i
     if parity.InklingPortConfig.from_dict(config) != parity.InklingPortConfig.from_dict(model_config):
         raise AssertionError("config.json describes another model than the reference's config")
     (out / "config.json").write_text(json.dumps(config, indent=1))
+    vllm_model.check_checkpoint_token_ids(out)   # the port's start-up guard: every id vLLM admits has a row
     (out / "reference.json").write_text(json.dumps({"seed": seed, "config": model_config}, indent=1))
     (out / "stand-in.json").write_text(json.dumps({"stand_in": True, "why": "random weights, for serving tests"}))
     return out

@@ -50,15 +50,34 @@ def write_model_dir(directory: Path | None = None, **overrides) -> Path:
     return directory
 
 
+def write_tokenizer(directory: Path, added_tokens=()) -> Path:
+    """A word-level tokenizer in `directory` (tokens t0, t1, ...) for the model of its config.json: its rows
+    less one ids, so that every id vLLM admits has a row (vLLM counts a tokenizer's vocab_size as an admitted
+    id, vllm/tokenizers/hf.py:132), then `added_tokens`. make_vllm_config serves a folder that has one with it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((directory / "config.json").read_text())
+    rows = config.get("padded_vocab_size") or config["vocab_size"]
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(rows - 1)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", eos_token="t1")
+    tokenizer.add_tokens(list(added_tokens))
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def make_vllm_config(model_dir: Path | None = None, max_num_seqs: int = 8, max_model_len: int = 256,
                      max_num_batched_tokens: int = 2048, async_scheduling: bool = False, block_size: int = 128,
                      enable_prefix_caching: bool = False, structured_outputs: bool = False):
-    """A real VllmConfig for the tiny model on the HPU platform (which must be current)."""
+    """A real VllmConfig for the tiny model on the HPU platform (which must be current); with the folder's
+    tokenizer when it has one (write_tokenizer), else none."""
     from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig,
                              VllmConfig)
 
     model_dir = model_dir or write_model_dir()
-    model_config = ModelConfig(model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,
+    model_config = ModelConfig(model=str(model_dir), tokenizer=str(model_dir),
+                               skip_tokenizer_init=not (model_dir / "tokenizer.json").exists(),
                                dtype="float32", max_model_len=max_model_len, enforce_eager=True, seed=0)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                        max_model_len=max_model_len, async_scheduling=async_scheduling,

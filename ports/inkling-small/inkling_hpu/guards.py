@@ -175,6 +175,69 @@ def tensor_parallel_refusal(config: Any, tp_size: int) -> str | None:
             f"does not divide the {found}. Sizes this model splits over: {', '.join(map(str, fits))}.")
 
 
+@dataclass(frozen=True)
+class TokenizerIds:
+    """What vLLM 0.30.0 knows of a tokenizer's ids when it checks a prompt."""
+
+    # vLLM's `tokenizer.max_token_id`: the largest id of get_vocab(), or the tokenizer's `vocab_size` when
+    # that is larger (vllm/tokenizers/hf.py:123-132: a size counted as an id, so a tokenizer of ids
+    # 0..N-1 admits N)
+    max_token_id: int
+    vocab: Mapping[str, int]          # token -> id, added tokens included
+    vocab_size: int | None            # the tokenizer's base vocabulary size (no added tokens)
+
+
+def admitted_token_id_max(tokenizer: TokenizerIds, config_vocab_size: int) -> int:
+    """The largest prompt token id vLLM's input processor lets through to the model
+    (vllm/v1/engine/input_processor.py:546): max(tokenizer.max_token_id, the config's vocab_size - 1)."""
+    return max(tokenizer.max_token_id, config_vocab_size - 1)
+
+
+def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, rows: int) -> str | None:
+    """Why a prompt token id vLLM admits can reach the embedding without a row (`rows`: the rows the
+    ranks hold together), else None. Such an id is an IndexError in the worker: the engine dies and
+    every client's request with it."""
+    if tokenizer is None:
+        return ("tokenizer: expected the checkpoint's tokenizer, found none (--skip-tokenizer-init or "
+                "--tokens-only). Without one vLLM checks no prompt token id against the vocabulary "
+                f"(vllm/v1/engine/input_processor.py:522), and one request naming an id of {rows} or more would "
+                "end the engine for every client. Serve with the tokenizer.")
+    admitted = admitted_token_id_max(tokenizer, config_vocab_size)
+    if admitted < rows:
+        return None
+    without_row = sorted((i, t) for t, i in tokenizer.vocab.items() if i >= rows)
+    named = [f"{t!r} = {i}" for i, t in without_row[:8]] + ([f"and {len(without_row) - 8} more"] if len(without_row) > 8 else [])
+    if tokenizer.vocab_size is not None and tokenizer.vocab_size >= rows and tokenizer.vocab_size not in tokenizer.vocab.values():
+        named.append(f"{tokenizer.vocab_size} (the tokenizer's vocab_size, which vLLM counts as an id: "
+                     "vllm/tokenizers/hf.py:132)")
+    if config_vocab_size - 1 >= rows:
+        named.append(f"{rows}..{config_vocab_size - 1} (below the config's vocab_size {config_vocab_size})")
+    return (f"token ids: expected every prompt token id vLLM admits to have an embedding row, found ids up to "
+            f"{admitted} admitted (the larger of the tokenizer's max_token_id {tokenizer.max_token_id} and the "
+            f"config's vocab_size {config_vocab_size} - 1; vllm/v1/engine/input_processor.py:546) and "
+            f"{rows} embedding rows (ids 0..{rows - 1}). Admitted ids without a row: {', '.join(named)}. One "
+            "request naming such an id would end the engine for every client. Give the checkpoint padded "
+            f"embedding and head rows (padded_vocab_size {admitted + 1} or more, unpadded_vocab_size the "
+            f"tokenizer's) or a tokenizer whose ids and vocab_size stay below {rows}.")
+
+
+def token_id_line(tokenizer: TokenizerIds, config_vocab_size: int, rows: int) -> str:
+    """The start-up line saying which ids vLLM admits and the rows that hold them."""
+    return (f"token ids: vLLM admits 0..{admitted_token_id_max(tokenizer, config_vocab_size)} (tokenizer "
+            f"max_token_id {tokenizer.max_token_id}, config vocab_size {config_vocab_size}); the embedding "
+            f"holds {rows} rows")
+
+
+def tokenizer_ids(tokenizer: Any) -> TokenizerIds | None:
+    """TokenizerIds of a vLLM tokenizer (vllm.tokenizers: get_tokenizer, cached_tokenizer_from_config), or
+    None for no tokenizer."""
+    if tokenizer is None:
+        return None
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    return TokenizerIds(max_token_id=int(tokenizer.max_token_id), vocab=tokenizer.get_vocab(),
+                        vocab_size=None if vocab_size is None else int(vocab_size))
+
+
 def pipeline_parallel_refusal(config: Any, pp_size: int) -> str | None:
     """A pipeline-parallel size that would leave a stage without a decoder layer, or None."""
     if pp_size <= config.num_hidden_layers:

@@ -89,6 +89,28 @@ def _pipeline_stage(num_layers: int) -> PipelineStage:
 
 
 
+def check_token_ids(tokenizer, config_vocab_size: int, rows: int) -> str:
+    """Refuse to start when a prompt token id vLLM admits (`tokenizer`: a vLLM tokenizer, None without one;
+    the config's vocab_size) has no embedding row (`rows`): the IndexError in the worker would end the
+    engine, every client's request with it. Returns the start-up line saying which ids it admits."""
+    ids = guards.tokenizer_ids(tokenizer)
+    refusal = guards.token_id_refusal(ids, config_vocab_size, rows)
+    if refusal:
+        raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
+    return guards.token_id_line(ids, config_vocab_size, rows)
+
+
+def check_checkpoint_token_ids(model_dir: str | os.PathLike) -> str:
+    """check_token_ids on a checkpoint folder, its tokenizer and config read as vLLM reads them (the preflight,
+    tools/tiny_model.py)."""
+    from vllm.tokenizers import get_tokenizer
+    from vllm.transformers_utils.config import get_config
+
+    hf_config = get_config(str(model_dir), trust_remote_code=False)
+    return check_token_ids(get_tokenizer(str(model_dir)), hf_config.get_text_config().vocab_size,
+                           InklingPortConfig.from_object(hf_config).vocab_rows)
+
+
 def _device_memory_bytes() -> int | None:
     """The device's total memory (torch.hpu, which habana_frameworks registers), None without one."""
     hpu = getattr(torch, "hpu", None)
@@ -206,6 +228,11 @@ class InklingVllmModel(nn.Module):
         self.inkling = InklingForCausalLM(self.config, tp=self.tp, stage=_pipeline_stage(self.config.num_hidden_layers))
         self.stage = self.inkling.stage
         self.inkling.cast(vllm_config.model_config.dtype)
+        model_config = vllm_config.model_config    # the tokenizer vLLM's input processor checks prompts with
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        logger.info("Inkling %s", check_token_ids(cached_tokenizer_from_config(model_config),
+                                                  model_config.get_vocab_size(), self.inkling.embedding_rows))
         self.block_size = vllm_config.cache_config.block_size
         # One vLLM Attention per layer: it only holds the layer's KV cache (never called). Each
         # declares the bytes of conv state the layer keeps per KV block, which the platform adds to

@@ -619,6 +619,13 @@ class InklingForCausalLM(nn.Module):
                 hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         return self.model(meta, caches, hidden_states)
 
+    @property
+    def embedding_rows(self) -> int:
+        """The token ids the embedding has rows for, the ranks together: the table is whole on every rank
+        of the first stage (the config's rows on a stage without it)."""
+        embed = self.model.embed_tokens
+        return embed.weight.shape[0] if isinstance(embed, InklingNormedEmbedding) else self.config.vocab_rows
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = hidden_states / self.config.logits_mup_width_multiplier
         logits = self.tp.all_gather_last_dim(self.lm_head(hidden_states))

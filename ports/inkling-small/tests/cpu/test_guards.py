@@ -181,3 +181,99 @@ def test_more_pipeline_stages_than_layers_are_refused():
     assert guards.pipeline_parallel_refusal(real, real.num_hidden_layers + 1) == (
         f"--pipeline-parallel-size: expected at most one stage per decoder layer ({real.num_hidden_layers}), "
         f"found {real.num_hidden_layers + 1}")
+
+
+def _tokenizer(base: int, added: tuple[str, ...] = ()) -> guards.TokenizerIds:
+    """Ids 0..base-1 and `added` tokens after them, with max_token_id by vLLM's rule (its largest id, or its
+    vocab_size if larger: test_token_id_guard_on_vllm_s_own_tokenizer checks the rule against vLLM's)."""
+    vocab = {f"t{i}": i for i in range(base)} | {token: base + k for k, token in enumerate(added)}
+    return guards.TokenizerIds(max_token_id=max(max(vocab.values()), base), vocab=vocab, vocab_size=base)
+
+
+def test_token_id_guard_passes_the_page_s_checkpoint_shape():
+    # Inkling-Small: 201,024 embedding rows and config vocab_size, 200,058 logits kept; a tokenizer of
+    # 200,058 ids plus added markers below the padded rows leaves every admitted id a row
+    tokenizer = _tokenizer(200058, ("<|content_tool_error|>", "<|content_xml|>"))
+    assert guards.token_id_refusal(tokenizer, 201024, 201024) is None
+    assert guards.token_id_line(tokenizer, 201024, 201024) == (
+        "token ids: vLLM admits 0..201023 (tokenizer max_token_id 200059, config vocab_size 201024); "
+        "the embedding holds 201024 rows")
+    # the tiny checkpoint: 1,023 ids, 1,024 rows
+    assert guards.token_id_refusal(_tokenizer(1023), 1024, 1024) is None
+
+
+def test_token_id_guard_refuses_an_admitted_id_without_a_row():
+    # a tokenizer of as many ids as rows: vLLM counts its vocab_size 1024 as an id, which has no row
+    refusal = guards.token_id_refusal(_tokenizer(1024), 1024, 1024)
+    assert refusal.startswith("token ids: expected every prompt token id vLLM admits to have an embedding row, "
+                              "found ids up to 1024 admitted (the larger of the tokenizer's max_token_id 1024 and "
+                              "the config's vocab_size 1024 - 1; "), refusal
+    assert "1024 embedding rows (ids 0..1023). Admitted ids without a row: 1024 (the tokenizer's vocab_size" in refusal
+    # added tokens past the rows are named, at most 8 of them
+    extra = tuple(f"<|extra_{i}|>" for i in range(12))
+    refusal = guards.token_id_refusal(_tokenizer(1020, extra), 1024, 1024)
+    assert "found ids up to 1031 admitted" in refusal
+    assert "without a row: '<|extra_4|>' = 1024, '<|extra_5|>' = 1025, " in refusal
+    assert "'<|extra_11|>' = 1031. One request" in refusal and "and " not in refusal.split("without a row:")[1][:200]
+    refusal = guards.token_id_refusal(_tokenizer(1000, tuple(f"<|x{i}|>" for i in range(40))), 1024, 1024)
+    assert "'<|x31|>' = 1031, and 8 more. One request" in refusal, refusal
+    # a config vocab_size past the rows admits ids no tokenizer has
+    assert "1024..1099 (below the config's vocab_size 1100)" in guards.token_id_refusal(_tokenizer(1000), 1100, 1024)
+
+
+def test_no_tokenizer_is_refused():
+    refusal = guards.token_id_refusal(None, 1024, 1024)
+    assert refusal.startswith("tokenizer: expected the checkpoint's tokenizer, found none (--skip-tokenizer-init or "
+                              "--tokens-only). Without one vLLM checks no prompt token id"), refusal
+
+
+@pytest.mark.timeout(300)
+def test_token_id_guard_on_vllm_s_own_tokenizer(vllm_src, port_dir, tmp_path):
+    """vLLM 0.30.0's own tokenizer loading (get_tokenizer, its cached max_token_id) on word-level tokenizers:
+    1,023 ids beside 1,024 rows pass; 1,024 ids are refused (vLLM counts the vocab_size as an id); added
+    tokens past the rows are refused by name."""
+    out = _run_with_vllm(vllm_src, port_dir, f"""
+        import json
+        from pathlib import Path
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+        from vllm.tokenizers import get_tokenizer
+        from inkling_hpu import guards
+        result = {{}}
+        for name, base, added in (("fits", 1023, []), ("as_many_as_rows", 1024, []), ("added", 1023, ["<|a|>", "<|b|>"])):
+            folder = Path({str(tmp_path)!r}) / name
+            backend = Tokenizer(models.WordLevel({{f"t{{i}}": i for i in range(base)}}, unk_token="t0"))
+            backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+            tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0")
+            tok.add_tokens(added)
+            tok.save_pretrained(folder)
+            ids = guards.tokenizer_ids(get_tokenizer(str(folder)))
+            result[name] = [ids.max_token_id, guards.token_id_refusal(ids, 1024, 1024)]
+        print(json.dumps(result))
+    """)
+    assert out["fits"] == [1023, None]
+    assert out["as_many_as_rows"][0] == 1024
+    assert "Admitted ids without a row: 1024 (the tokenizer's vocab_size" in out["as_many_as_rows"][1]
+    assert out["added"][0] == 1024 and "Admitted ids without a row: '<|b|>' = 1024." in out["added"][1]
+
+
+@pytest.mark.slow
+def test_the_hpu_glue_refuses_a_tokenizer_id_without_an_embedding_row(vllm_gaudi_src, vllm_src, port_dir):
+    """The HPU glue built by vLLM's config in vllm-gaudi's harness (the CPU glue: test_gates_cpu_server_failing,
+    on a real server): a tokenizer whose added tokens pass the model's 64 rows is refused, by name, when the
+    model is built, before any weight is read."""
+    from pathlib import Path
+
+    from gaudi_harness.subproc import run_scenarios
+
+    scenario = str(Path(__file__).with_name("test_memory.py"))
+    out = {added: run_scenarios(scenario, ["scenario_glue_start_up"], vllm_gaudi_src, vllm_src, timeout=600,
+                                python_path=[port_dir], kwargs={"port_dir": str(port_dir), "blocks": 64,
+                                                                "added_tokens": list(added)})["scenario_glue_start_up"]
+           for added in ((), ("<|a|>",), ("<|a|>", "<|b|>", "<|c|>"))}
+    assert out[()] == {"refused": None}, out
+    assert out[("<|a|>",)] == {"refused": None}, out          # id 63: the last row
+    refused = out[("<|a|>", "<|b|>", "<|c|>")]["refused"]
+    assert refused.startswith("Inkling-Small refuses to start: token ids: expected every prompt token id vLLM admits "
+                              "to have an embedding row, found ids up to 65 admitted"), out
+    assert "64 embedding rows (ids 0..63). Admitted ids without a row: '<|b|>' = 64, '<|c|>' = 65." in refused

@@ -91,9 +91,10 @@ def test_weights_alone_over_the_device_are_refused():
     assert "the weights take 100.00 GiB, the device has 96.00 GiB" in plan.refusal()
 
 
-def scenario_glue_memory_guard(port_dir: str, blocks: int) -> dict:
+def scenario_glue_start_up(port_dir: str, blocks: int, added_tokens: tuple[str, ...] = ()) -> dict:
     """The HPU glue built by vLLM's config in the harness, whose torch.hpu stand-in reports a 1 GiB
-    device: the guard's verdict for --num-gpu-blocks-override `blocks`."""
+    device: the guards' verdict for --num-gpu-blocks-override `blocks` and a tokenizer of the model's rows
+    less one ids, then `added_tokens` (test_guards: the token-id guard)."""
     import tempfile
 
     from vllm.config import set_current_vllm_config
@@ -105,7 +106,7 @@ def scenario_glue_memory_guard(port_dir: str, blocks: int) -> dict:
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / "tiny-block128-dense.json").read_text())
     model_dir = parity.write_checkpoint_config(raw, Path(tempfile.mkdtemp(prefix="inkling_memory_")), "bfloat16")
-    vllm_config = builders.make_vllm_config(model_dir, max_model_len=2048)
+    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir, added_tokens), max_model_len=2048)
     vllm_config.cache_config.num_gpu_blocks_override = blocks
     builders.init_single_process_distributed(vllm_config)
     try:
@@ -120,9 +121,9 @@ def scenario_glue_memory_guard(port_dir: str, blocks: int) -> dict:
 def test_the_glue_refuses_a_pool_the_device_cannot_hold_before_any_weight(vllm_gaudi_src, vllm_src, port_dir):
     from gaudi_harness.subproc import run_scenarios
 
-    out = {blocks: run_scenarios(__file__, ["scenario_glue_memory_guard"], vllm_gaudi_src, vllm_src, timeout=600,
+    out = {blocks: run_scenarios(__file__, ["scenario_glue_start_up"], vllm_gaudi_src, vllm_src, timeout=600,
                                  python_path=[port_dir], kwargs={"port_dir": str(port_dir), "blocks": blocks})
-           ["scenario_glue_memory_guard"] for blocks in (64, 200000)}
+           ["scenario_glue_start_up"] for blocks in (64, 200000)}
     assert out[64] == {"refused": None}, out
     refused = out[200000]["refused"]
     assert refused.startswith("Inkling-Small refuses to start: memory per rank: expected the KV pool to fit"), out
