@@ -21,8 +21,11 @@ import argparse
 import json
 from pathlib import Path
 
+# A role without a marker is refused, as a real chat template refuses it (vLLM answers HTTP 400).
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] if m['content'] is string else '' }}</s>\n"
+    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unsupported message role ' ~ m['role'] ~ '; expected system, user, assistant or tool') }}"
+    "{% endif %}<|{{ m['role'] }}|>\n{{ m['content'] if m['content'] is string else '' }}</s>\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 SPECIALS = ["<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 
@@ -84,9 +87,10 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: i
     from inkling_hpu.parsers.inkling_py import MARKERS
 
     out.mkdir(parents=True, exist_ok=True)
-    # The embedding and head have one row more than the tokenizer has ids, as a real checkpoint pads them
-    # (Inkling-Small: 201,024 rows, 200,058 logits kept): vLLM admits a prompt id up to the tokenizer's
-    # vocab_size, a size it counts as an id (vllm/tokenizers/hf.py:132), and every admitted id needs a row.
+    # The embedding and head have one row more than the tokenizer has ids, as a real checkpoint pads them:
+    # vLLM admits a prompt id up to the tokenizer's vocab_size, a size it counts as an id
+    # (vllm/tokenizers/hf.py:132), and every admitted id needs a row. transformers' config reads vocab_size
+    # as the rows and unpadded_vocab_size as the logits kept.
     tok = build_tokenizer(out, vocab_size=VOCAB_ROWS - 1, extra_specials=tuple(MARKERS))
     model_config = dict(INKLING, vocab_size=VOCAB_ROWS, unpadded_vocab_size=len(tok), padded_vocab_size=VOCAB_ROWS,
                         n_routed_experts=experts or INKLING["n_routed_experts"],
@@ -111,7 +115,9 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: i
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     # The checkpoint's own format (vLLM's InklingModelConfig), whose defaults differ from the architecture
     # for these fields: a real config.json states them.
-    config = dict(model_config, model_type="inkling_model", architectures=["InklingForCausalLM"],
+    # vLLM's InklingModelConfig reads vocab_size as the logits kept when padded_vocab_size is stated (it then sets
+    # unpadded_vocab_size to it), and checks prompt, logit-bias and stop ids against it.
+    config = dict(model_config, vocab_size=len(tok), model_type="inkling_model", architectures=["InklingForCausalLM"],
                   max_position_embeddings=max_position, tie_word_embeddings=False, torch_dtype="float32",
                   use_sconv=True, use_gate_bias=True, shared_expert_sink=True, norm_after_topk=True,
                   gate_activation="sigmoid", hidden_act="silu", inference_moe_w13_interleaved=True,

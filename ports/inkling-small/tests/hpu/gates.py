@@ -32,7 +32,7 @@ BLOCK_SIZE = int(os.environ.get("BLOCK_SIZE", "128"))   # the server's --block-s
 STAND_IN = os.environ.get("STAND_IN") == "1"
 PORT_DIR = Path(__file__).resolve().parents[2]
 SKIP = None  # a gate result that is neither pass nor fail
-SERVER: dict = {}  # filled by main() from /v1/models: model id and max_model_len
+SERVER: dict = {}  # filled by main() from /v1/models: model id, max_model_len and root (the checkpoint)
 RESERVE = 64       # tokens kept free under max_model_len for the chat template, question and answer
 
 FILLER = ("The committee reviewed the quarterly figures, noted the weather in the northern valley, "
@@ -256,7 +256,8 @@ def needle_gate(sizes, depths) -> tuple[bool | None, str]:
 # --- quick gates ---------------------------------------------------------------------------------
 def gate_preflight() -> tuple[bool | None, str]:
     """The image's own preflight (python3 -m inkling_hpu.preflight, from $COOKBOOK): commits, the port's
-    runner patches and stamp, the plugin, the parsers through vLLM's plugin loader, the CPU tests.
+    runner patches and stamp, the KV layout, the served checkpoint's token ids, the plugin, the parsers
+    through vLLM's plugin loader, the CPU tests.
     Skipped from a machine where the port is not installed (a client of the server)."""
     from importlib.metadata import entry_points
 
@@ -265,8 +266,10 @@ def gate_preflight() -> tuple[bool | None, str]:
     if "inkling_hpu:register" not in names or not Path(cookbook, "fixes", "apply_all.py").is_file():
         return SKIP, (f"skipped: not inside the image (no inkling_hpu entry point for {sys.executable} or no "
                       f"cookbook at {cookbook}); run the gates inside the port image for this one")
-    proc = subprocess.run([sys.executable, "-m", "inkling_hpu.preflight", "--json"], capture_output=True,
-                          text=True, cwd=cookbook)
+    model = SERVER.get("root")      # the served checkpoint, when it is a folder here: its token ids are checked
+    proc = subprocess.run([sys.executable, "-m", "inkling_hpu.preflight", "--json",
+                           *(["--model", model] if model and Path(model).is_dir() else [])],
+                          capture_output=True, text=True, cwd=cookbook)
     try:
         report = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -783,7 +786,7 @@ def discover() -> None:
     if not chosen.get("max_model_len"):
         raise GateError(f"/v1/models gives no max_model_len for {chosen['id']}: {chosen}")
     MODEL = chosen["id"]
-    SERVER.update(model=MODEL, max_model_len=int(chosen["max_model_len"]))
+    SERVER.update(model=MODEL, max_model_len=int(chosen["max_model_len"]), root=chosen.get("root"))
 
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_NO_SERVER, EXIT_SKIPPED = 0, 1, 2, 3, 4
