@@ -74,6 +74,7 @@ def _install_config_guard(runtime) -> None:
                     cls._previous.verify_and_update_config(vllm_config)
                 guards.check(guards.settings_from_vllm_config(vllm_config, gaudi_runtime_config=runtime))
                 _check_parallel_sizes(vllm_config)
+                _check_tokenizer(vllm_config)
                 model_loader.choose(vllm_config)
 
         MODELS_CONFIG_MAP[arch] = InklingHpuConfigGuard
@@ -91,6 +92,15 @@ def _check_parallel_sizes(vllm_config) -> None:
                or guards.pipeline_parallel_refusal(config, parallel.pipeline_parallel_size))
     if refusal:
         raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
+
+
+def _check_tokenizer(vllm_config) -> None:
+    """Refuse --skip-tokenizer-init in the API server: vLLM then checks no prompt token id (the workers'
+    token-id guard refuses it too, but vLLM's reasoning config fails on the missing tokenizer before them)."""
+    from inkling_hpu import guards
+
+    if vllm_config.model_config.skip_tokenizer_init:
+        raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + guards.NO_TOKENIZER)
 
 
 def register() -> None:

@@ -187,6 +187,12 @@ class TokenizerIds:
     vocab_size: int | None            # the tokenizer's base vocabulary size (no added tokens)
 
 
+NO_TOKENIZER = ("tokenizer: expected the checkpoint's tokenizer, found none (--skip-tokenizer-init or --tokens-only). "
+                "Without one vLLM checks no prompt token id against the vocabulary "
+                "(vllm/v1/engine/input_processor.py:522), and one request naming an id past the embedding's rows "
+                "would end the engine for every client. Serve with the tokenizer.")
+
+
 def admitted_token_id_max(tokenizer: TokenizerIds, config_vocab_size: int) -> int:
     """The largest prompt token id vLLM's input processor lets through to the model
     (vllm/v1/engine/input_processor.py:546): max(tokenizer.max_token_id, the config's vocab_size - 1)."""
@@ -198,10 +204,7 @@ def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, row
     ranks hold together), else None. Such an id is an IndexError in the worker: the engine dies and
     every client's request with it."""
     if tokenizer is None:
-        return ("tokenizer: expected the checkpoint's tokenizer, found none (--skip-tokenizer-init or "
-                "--tokens-only). Without one vLLM checks no prompt token id against the vocabulary "
-                f"(vllm/v1/engine/input_processor.py:522), and one request naming an id of {rows} or more would "
-                "end the engine for every client. Serve with the tokenizer.")
+        return NO_TOKENIZER
     admitted = admitted_token_id_max(tokenizer, config_vocab_size)
     if admitted < rows:
         return None

@@ -60,6 +60,7 @@ def test_a_tokenizer_id_without_an_embedding_row_refuses_to_start(tmp_path):
 
 
 def test_no_tokenizer_refuses_to_start(tmp_path):
-    """--skip-tokenizer-init: vLLM then checks no prompt id against the vocabulary; the port refuses."""
+    """--skip-tokenizer-init: vLLM then checks no prompt id against the vocabulary; the port refuses while the
+    config is built (vLLM's reasoning config would otherwise fail first, on the missing tokenizer)."""
     log = _refused_at_start(prepared(tmp_path / "server.log", ["--skip-tokenizer-init"]))
     assert "Inkling-Small refuses to start: tokenizer: expected the checkpoint's tokenizer, found none" in log

@@ -144,7 +144,8 @@ def test_preflight_checks_the_kv_layout_it_names(installed, vllm_src, port_dir):
 @pytest.mark.timeout(900)
 def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp_path):
     """A real VllmConfig (EngineArgs -> create_engine_config) for an Inkling checkpoint folder holding
-    only config.json: the page's forbidden settings are refused while the config is built."""
+    only config.json: the page's forbidden settings, and serving it without a tokenizer, are refused while
+    the config is built."""
     model_dir = tmp_path / "inkling"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({
@@ -163,7 +164,8 @@ def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp
         cases = {{"block_64": dict(block_size=64),
                   "fp8_kv": dict(block_size=128, kv_cache_dtype="fp8"),
                   "small_pool": dict(block_size=128, num_gpu_blocks_override=16),
-                  "tp_4": dict(block_size=128, tensor_parallel_size=4)}}
+                  "tp_4": dict(block_size=128, tensor_parallel_size=4),
+                  "no_tokenizer": dict(block_size=128)}}
         for name, kwargs in cases.items():
             args = EngineArgs(model={str(model_dir)!r}, skip_tokenizer_init=True, max_model_len=4096,
                               enforce_eager=True, **kwargs)
@@ -182,6 +184,9 @@ def test_guard_refuses_in_vllm_config_before_any_weight(installed, vllm_src, tmp
     # 2 KV heads cannot be split over 4 ranks: refused once, while the config is built, before any worker
     assert ("--tensor-parallel-size: expected a size that divides every split dimension, found 4, which does "
             "not divide the KV heads 2. Sizes this model splits over: 1, 2.") in out["tp_4"], out["tp_4"]
+    # the folder has no tokenizer (skip_tokenizer_init): vLLM would then check no prompt token id
+    assert ("Inkling-Small refuses to start: tokenizer: expected the checkpoint's tokenizer, found none "
+            "(--skip-tokenizer-init or --tokens-only)") in out["no_tokenizer"], out["no_tokenizer"]
 
 
 # --- hpu_glue on vllm-gaudi's real runner metadata -------------------------------------------------
