@@ -7,8 +7,9 @@ mechanism (chunked prefill, prefix caching, logprobs, streaming, metrics, parser
 Its config.json is in the checkpoint's own format (vLLM's `inkling_model`); its weights are
 transformers' Inkling with seeded random weights under the TML checkpoint names (`model.llm.*`, two
 shards and an index), next to vision and audio tower tensors and an `mtp.safetensors`, which the
-port's text-only loader must leave unread. `reference.json` records the seed and config, so a test
-can rebuild the same model in transformers and compare tokens.
+port's text-only loader must leave unread. Its tokenizer has 1,023 ids beside 1,024 embedding rows, so
+every prompt id vLLM admits has a row (the port's start-up guard checks it here too). `reference.json`
+records the seed and config, so a test can rebuild the same model in transformers and compare tokens.
 
     <server venv>/bin/python tools/tiny_model.py OUT_DIR [--max-position 4096] [--experts 8 --top-k 2]
 

@@ -209,9 +209,12 @@ def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, row
     if admitted < rows:
         return None
     without_row = sorted((i, t) for t, i in tokenizer.vocab.items() if i >= rows)
-    named = [f"{t!r} = {i}" for i, t in without_row[:8]] + ([f"and {len(without_row) - 8} more"] if len(without_row) > 8 else [])
-    if tokenizer.vocab_size is not None and tokenizer.vocab_size >= rows and tokenizer.vocab_size not in tokenizer.vocab.values():
-        named.append(f"{tokenizer.vocab_size} (the tokenizer's vocab_size, which vLLM counts as an id: "
+    named = [f"{t!r} = {i}" for i, t in without_row[:8]]
+    if len(without_row) > 8:
+        named.append(f"and {len(without_row) - 8} more")
+    counted_size = tokenizer.vocab_size
+    if counted_size is not None and counted_size >= rows and counted_size not in tokenizer.vocab.values():
+        named.append(f"{counted_size} (the tokenizer's vocab_size, which vLLM counts as an id: "
                      "vllm/tokenizers/hf.py:132)")
     if config_vocab_size - 1 >= rows:
         named.append(f"{rows}..{config_vocab_size - 1} (below the config's vocab_size {config_vocab_size})")

@@ -39,7 +39,8 @@ def scenario_pages(port_dir: str) -> dict:
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / CONFIG).read_text())
     model_dir = parity.write_checkpoint_config(raw, Path(tempfile.mkdtemp(prefix="inkling_pages_")), "bfloat16")
-    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir), max_model_len=2048, enable_prefix_caching=True)
+    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir), max_model_len=2048,
+                                            enable_prefix_caching=True)
     runner = builders.make_runner(vllm_config)
     from vllm_gaudi.v1.worker.hpu_model_runner import HpuModelAdapter
 

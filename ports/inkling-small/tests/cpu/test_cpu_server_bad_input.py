@@ -52,7 +52,8 @@ def token_id_cases(rows: int, vocab: int, tokenizer_largest: int) -> list[Case]:
               "last embedding row": rows - 1}
     cases = [Case(f"prompt id {i} ({what})", completion(prompt=[5, i]), 200) for what, i in served.items()]
     return cases + [
-        Case(f"prompt id {rows} (embedding rows)", completion(prompt=[5, rows]), 400, f"Token id {rows} is out of vocabulary"),
+        Case(f"prompt id {rows} (embedding rows)", completion(prompt=[5, rows]), 400,
+             f"Token id {rows} is out of vocabulary"),
         Case("prompt id -1", completion(prompt=[5, -1]), 400, "greater than or equal to 0"),
         Case("prompt id 10**9", completion(prompt=[5, 10**9]), 400, "Token id 1000000000 is out of vocabulary"),
         Case("prompt id 2**63", completion(prompt=[5, 2**63]), 400, f"Token id {2**63} is out of vocabulary"),

@@ -355,7 +355,8 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     save_file({k: v.contiguous() for k, v in parity.reference_to_checkpoint(reference).items()},
               model_dir / "model.safetensors")
 
-    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir), max_model_len=2048, enable_prefix_caching=True)
+    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir), max_model_len=2048,
+                                            enable_prefix_caching=True)
     runner = builders.make_runner(vllm_config)
     if float32:
         # The HPU platform serves bf16; fp32 makes the port comparable to transformers exactly, the KV

