@@ -1,0 +1,284 @@
+"""Docs that cannot drift: every command in the code blocks of the README, docs/ and the port's docs is
+checked against the code it names. A `make` target must exist and each VAR=value must be a variable the
+Makefile reads; a `python3 -m MODULE` or script of this repository must exist, answer --help (for its
+sub-command too) and list every option the command gives it; each repository path must exist; each
+environment variable set or used must be read by this repository's code or by vLLM 0.30.0.
+
+The commands are read from fenced blocks (``` with no language, sh, bash, shell or console), from 4-space
+indented blocks, one command per line (a trailing backslash continues it), and from code spans in prose that
+start with such a program; each is split at ;, &&, || and |, and a `# comment` is dropped. Placeholders in
+angle brackets (<port image>) stand for a value."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", "docs/*.md", "ports/inkling-small/README.md", "ports/inkling-small/docs/*.md",
+        "ports/inkling-small/configs/inkling-small/README.md", "tests/gaudi_harness/README.md", "benchmarks/README.md"]
+TOP_DIRS = ("benchmarks/", "builder/", "cookbook/", "docs/", "fixes/", "ports/", "profiles/", "recipes/", "requirements/",
+            "tests/", "tools/", ".ci/", ".github/")
+SHELL_LANGUAGES = {"", "sh", "bash", "shell", "console"}
+# Variables of the shell and of other programs, read by no code of ours: the docs may name them freely.
+OUTSIDE_VARIABLES = {"HOME", "PATH", "PWD", "PIP_INDEX_URL", "HF_HOME", "HF_HUB_OFFLINE", "CI"}
+PROGRAMS = ("make", "python", "python3", "bash", "sh")
+
+
+@dataclass(frozen=True)
+class Command:
+    where: str        # file:line
+    words: tuple[str, ...]
+    assigned: frozenset[str] = frozenset()    # variables the doc set before it
+
+
+def doc_files() -> list[Path]:
+    return sorted({path for pattern in DOCS for path in REPO.glob(pattern)})
+
+
+def code_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the shell code blocks: fenced blocks in a shell language, indented blocks."""
+    out, fence, previous_blank, in_indented = [], None, True, False
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip().lower()
+            continue
+        if fence is not None:
+            if fence in SHELL_LANGUAGES:
+                out.append((number, line))
+            continue
+        indented = line.startswith("    ") and stripped and not stripped.startswith(("-", "*", "|", "`"))
+        in_indented = bool(indented and (previous_blank or in_indented))
+        if in_indented:
+            out.append((number, line))
+        previous_blank = not stripped
+    return out
+
+
+def inline_commands(text: str) -> list[tuple[int, str]]:
+    """(line number, span) of the `code spans` in prose that are a command of a program we check."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", line):
+            if _program(tuple(span.split())) is not None and " " in span:
+                out.append((number, span))
+    return out
+
+
+def commands(path: Path) -> list[Command]:
+    """The commands of a doc's code blocks and of its command-like code spans: joined continuations, split at
+    shell operators, comments, prompts and placeholders stripped, those of the programs we check (PROGRAMS,
+    or a script of ours)."""
+    found, pending, start, assigned = [], "", 0, set()
+    text = path.read_text()
+    for number, line in code_lines(text) + inline_commands(text):
+        text = line.strip()
+        text = text[2:] if text.startswith("$ ") else text
+        if not pending:
+            start = number
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        text, pending = pending + text, ""
+        text = re.sub(r"<[^<>]*>", "PLACEHOLDER", text)
+        text = re.sub(r"\$\([^()]*\)", "SUBST", text)       # a command substitution's value
+        try:
+            lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|")
+            lexer.whitespace_split = True
+            lexer.commenters = "#"
+            words = list(lexer)
+        except ValueError:      # not shell (an output line with an odd quote)
+            continue
+        piece: list[str] = []
+        for word in words + [";"]:
+            if word and set(word) <= set(";&|"):
+                if piece:
+                    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+                    found.append(Command(f"{where}:{start}", tuple(piece), frozenset(assigned)))
+                    assigned.update(_assignments(piece))
+                piece = []
+            else:
+                piece.append(word)
+    return [c for c in found if _program(c.words) is not None]
+
+
+def _assignments(words: list[str]) -> set[str]:
+    """The variables a command that is only assignments (VENV=$(bash tools/test_env.sh)) sets for the
+    commands after it in the same doc."""
+    env, rest = _split_env(tuple(words))
+    return set(env) if not rest else set()
+
+
+def _split_env(words: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    env, rest = {}, list(words)
+    while rest and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", rest[0]):
+        name, value = rest.pop(0).split("=", 1)
+        env[name] = value
+    return env, tuple(rest)
+
+
+def _program(words: tuple[str, ...]) -> str | None:
+    _, rest = _split_env(words)
+    if not rest:
+        return None
+    head = rest[0]
+    if Path(head).name in PROGRAMS or head.endswith(("/python", "/python3")):
+        return Path(head).name if Path(head).name in ("make", "bash", "sh") else "python"
+    if head.startswith(TOP_DIRS) or head.startswith("./"):
+        return "script"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def makefile() -> tuple[frozenset[str], frozenset[str]]:
+    """(targets, variables read) of the Makefile."""
+    text = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([A-Za-z][\w-]*):(?!=)", text, re.M))
+    variables = set(re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", text)) | set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*\?=", text, re.M))
+    return frozenset(targets), frozenset(variables)
+
+
+@functools.lru_cache(maxsize=None)
+def help_text(pythonpath: str, *argv: str) -> tuple[int, str]:
+    """`argv --help` run as the doc writes it: from the repository root, with the command's own PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([*argv, "--help"], capture_output=True, text=True, cwd=REPO,
+                          env={**env, "PYTHONPATH": pythonpath} if pythonpath else env, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def module_file(module: str, pythonpath: str) -> Path | None:
+    """The file `python -m module` runs from the repository root with that PYTHONPATH, or None."""
+    for root in [REPO, *(REPO / part for part in pythonpath.split(os.pathsep) if part)]:
+        base = root / module.replace(".", "/")
+        for candidate in (base.with_suffix(".py"), base / "__main__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def read_by_code(name: str) -> bool:
+    """Whether a variable is read by this repository's code (not its docs) or by vLLM 0.30.0's envs.py."""
+    from cookbook import upstream
+
+    proc = subprocess.run(["git", "grep", "-q", "-w", name, "--", "*.py", "*.sh", "Makefile", "*.yaml", "*.yml",
+                           "Dockerfile", "*/Dockerfile", ".ci/run"], cwd=REPO)
+    if proc.returncode == 0:
+        return True
+    return f'"{name}"' in (upstream.vllm_source() / "vllm" / "envs.py").read_text()
+
+
+def problems(command: Command) -> list[str]:
+    env, words = _split_env(command.words)
+    found = [f"{name} is read by nothing" for name in env if name not in OUTSIDE_VARIABLES and not read_by_code(name)]
+    for word in words:
+        for name in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", word):
+            if name not in OUTSIDE_VARIABLES | env.keys() | command.assigned and not read_by_code(name):
+                found.append(f"${name} is read by nothing and set nowhere in the command")
+    program = _program(command.words)
+    # the port's package is installed wherever its commands run (install.sh, the image): ports/inkling-small
+    pythonpath = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), "ports/inkling-small"]))
+    # the cookbook inside the image ($COOKBOOK, the recipe's cookbook-path) is this repository
+    args = [re.sub(r"^(\$COOKBOOK|\$\{COOKBOOK\}|/opt/gaudi-cookbook)/", "", arg) for arg in words[1:]]
+    if program == "make":
+        targets, variables = makefile()
+        for arg in args:
+            if "=" in arg:
+                if arg.split("=", 1)[0] not in variables:
+                    found.append(f"the Makefile reads no variable {arg.split('=', 1)[0]}")
+            elif not arg.startswith("-") and arg not in targets:
+                found.append(f"no make target {arg!r}")
+        return found
+    if program in ("bash", "sh", "script"):
+        script = args.pop(0) if program != "script" else words[0]
+        if not (REPO / script).exists():
+            return found + [f"no script {script}"]
+        if script.endswith(".py"):
+            program, args = "python", [script, *args]
+        else:
+            code, text = help_text(pythonpath, "bash", script)
+            return found + _missing_options(args, text, code, f"bash {script}")
+    if program == "python":
+        if args[:1] == ["-m"] and len(args) > 1:
+            module, rest = args[1], args[2:]
+            if module == "pytest":
+                return found + [f"no test file {a}" for a in rest if a.endswith(".py") and not (REPO / a).exists()]
+            if "PLACEHOLDER" in module:
+                return found
+            if module_file(module, pythonpath) is None:
+                return found + [f"no module {module} in this repository"] if module.split(".")[0] in _our_packages() else found
+            argv = (sys.executable, "-m", module)
+        elif args and args[0].endswith(".py"):
+            if not (REPO / args[0]).exists():
+                return found + [f"no script {args[0]}"]
+            argv, rest = (sys.executable, str(REPO / args[0])), args[1:]
+        else:
+            return found
+        code, text = help_text(pythonpath, *argv)
+        if code == 0:      # sub-commands have options of their own (apply_all.py apply, loader presplit)
+            for sub in _sub_commands(text):
+                sub_code, sub_text = help_text(pythonpath, *argv, sub)
+                text += sub_text if sub_code == 0 else ""
+        found += _missing_options(rest, text, code, " ".join(argv[1:]))
+        found += [f"no path {a}" for a in rest if a.startswith(TOP_DIRS) and not list(REPO.glob(a.split("=")[-1]))]
+    return found
+
+
+def _sub_commands(help_output: str) -> list[str]:
+    """The sub-commands a --help lists: a click group's under "Commands:", argparse's {a,b} choices."""
+    section = help_output.split("Commands:", 1)[1] if "Commands:" in help_output else ""
+    choices = re.search(r"\{([\w,-]+)\}", help_output)
+    return re.findall(r"^  ([a-z][\w-]*)", section, re.M) + (choices.group(1).split(",") if choices else [])
+
+
+def _our_packages() -> set[str]:
+    return {"benchmarks", "builder", "cookbook", "recipes", "tools", "inkling_hpu", "gaudi_harness", "fixes"}
+
+
+def _missing_options(args: list[str], text: str, code: int, what: str) -> list[str]:
+    if code != 0:
+        return [f"`{what} --help` exits {code}: {text.strip().splitlines()[-1][:200] if text.strip() else ''}"]
+    options = [a.split("=", 1)[0] for a in args if a.startswith("-") and a not in ("-", "--")]
+    return [f"{what} has no option {option}" for option in options if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text)]
+
+
+ALL = [command for path in doc_files() for command in commands(path)]
+
+
+def test_the_docs_name_commands_to_check():
+    assert len(ALL) >= 30, [c.where for c in ALL]
+    assert {Path(c.where.split(":")[0]).name for c in ALL} >= {"README.md", "images.md"}
+
+
+@pytest.mark.parametrize("command", ALL, ids=[f"{c.where} {' '.join(c.words)[:60]}" for c in ALL])
+def test_each_documented_command_runs_as_written(command):
+    assert not problems(command), f"{command.where}: {' '.join(command.words)}: {problems(command)}"
+
+
+def test_the_checker_catches_what_drifts(tmp_path):
+    """Each check can fail: a made-up target, variable, module, option, path and environment variable."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join([
+        "    make no-such-target", "    make test NO_SUCH_VARIABLE=1", "    python3 -m tools.no_such_module",
+        "    python3 -m recipes.launch docker --no-such-option", "    python3 fixes/no_such_script.py",
+        "    NO_SUCH_ENV=1 python3 fixes/apply_all.py --profile v0.30.0", "    bash tools/no_such.sh",
+        "    python3 -m recipes.launch docker --image x && make test  # a comment --ignored"]) + "\n")
+    found = {" ".join(c.words): problems(c) for c in commands(doc)}
+    assert found["make no-such-target"] == ["no make target 'no-such-target'"]
+    assert found["make test NO_SUCH_VARIABLE=1"] == ["the Makefile reads no variable NO_SUCH_VARIABLE"]
+    assert found["python3 -m tools.no_such_module"] == ["no module tools.no_such_module in this repository"]
+    assert found["python3 -m recipes.launch docker --no-such-option"] == [
+        "-m recipes.launch has no option --no-such-option"]
+    assert found["python3 fixes/no_such_script.py"] == ["no script fixes/no_such_script.py"]
+    assert found["NO_SUCH_ENV=1 python3 fixes/apply_all.py --profile v0.30.0"] == ["NO_SUCH_ENV is read by nothing"]
+    assert found["bash tools/no_such.sh"] == ["no script tools/no_such.sh"]
+    assert found["python3 -m recipes.launch docker --image x"] == [] and found["make test"] == []
