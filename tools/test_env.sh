@@ -8,14 +8,14 @@ here=$cookbook_root
 python=${PYTHON:-python3}
 torch_pin="torch==2.13.0"
 vllm_src=$(upstream)  # the vLLM sdist the profile pins
-key=$( { "$python" --version; echo "$torch_pin"; cat "$here/requirements/cookbook.txt" "$here/requirements/test.txt" "$vllm_src/requirements/common.txt"; } | sha256sum | cut -c1-12)
+key=$( { "$python" --version; echo "$torch_pin"; cat "$here/requirements/cookbook.txt" "$here/requirements/builder.txt" "$here/requirements/test.txt" "$vllm_src/requirements/common.txt"; } | sha256sum | cut -c1-12)
 venv=$(upstream --cache-root)/venv-$key
 if [ ! -f "$venv/.complete" ]; then
-  echo "test_env: building $venv (torch CPU + ${vllm_src##*/} requirements)" >&2
+  echo "test_env: building $venv (torch CPU + ${vllm_src##*/} requirements, about 2.6 GB; minutes, once; pip says what it installs)" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q "$torch_pin" >&2
-  "$venv/bin/pip" install -q "$torch_pin" -r "$vllm_src/requirements/common.txt" -r "$here/requirements/test.txt" >&2
+  "$venv/bin/pip" install --progress-bar off "$torch_pin" >&2
+  "$venv/bin/pip" install --progress-bar off "$torch_pin" -r "$vllm_src/requirements/common.txt" -r "$here/requirements/test.txt" >&2
   # PyPI's torchvision/torchaudio are CUDA builds that break transformers next to torch CPU.
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" >&2

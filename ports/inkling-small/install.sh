@@ -11,8 +11,13 @@
 #      the same engine, which writes the stamp.
 # Environment: COOKBOOK_PROFILE (default v0.30.0), COOKBOOK_PORT_PROFILE (default the port's
 # patches/port.yaml), PYTHON (default python3).
-# Exit codes: 0 installed; 2 not the profile's base (nothing installed); 3 usage/setup error;
-# 1 the plugin install or a runner patch failed.
+# Exit codes (each failure says which step it stopped at):
+#   0 installed;
+#   1 the plugin install or a runner patch failed (apply_all.py refused a fix; the tree is unchanged);
+#   2 not the profile's base: step 2 found other commits (step 1's requirements are installed, the port
+#     is not), or step 4's commit check did (the plugin is installed, the runner patches are not);
+#   3 setup or usage error: no Python or pip, the requirements could not be installed, or apply_all.py's
+#     usage or profile error.
 set -euo pipefail
 
 cookbook=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -46,7 +51,7 @@ rc=$?
 set -e
 case $rc in
   0) ;;
-  2) die 2 "this base is not the stock vllm-gaudi image profile $profile is pinned to (expected vs found above); nothing was installed. Build on the right base (see docs/images.md)." ;;
+  2) die 2 "this base is not the stock vllm-gaudi image profile $profile is pinned to (expected vs found above); the port was not installed (step 1's requirements were). Build on the right base (see docs/images.md)." ;;
   *) die "$rc" "could not identify the vLLM / vllm-gaudi commits (apply_all.py identify exit $rc)" ;;
 esac
 
@@ -55,15 +60,15 @@ say "[3/4] inkling_hpu plugin"
   die 1 "pip could not install the inkling_hpu plugin from ports/inkling-small"
 rm -rf ports/inkling-small/build ports/inkling-small/*.egg-info  # in-tree build leftovers
 
-say "[4/4] the port's runner patch"
+say "[4/4] the port's runner patches (decode-window, conv-snapshot-pages)"
 set +e
 "$python" fixes/apply_all.py --profile "$port_profile"
 rc=$?
 set -e
 case $rc in
   0) ;;
-  2) die 2 "the runner patch refused this base (expected vs found above)" ;;
-  *) die "$rc" "the port's runner patch ($port_profile) did not apply (apply_all.py exit $rc)" ;;
+  2) die 2 "the runner patches refused this base (expected vs found above); the plugin is installed, the patches are not" ;;
+  *) die "$rc" "the port's runner patches ($port_profile) did not apply (apply_all.py exit $rc)" ;;
 esac
 # Bytecode the build left behind is not part of the port.
 find "$cookbook" -name __pycache__ -type d -prune -exec rm -rf {} +

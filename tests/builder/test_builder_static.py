@@ -68,6 +68,16 @@ def test_cli_help_documents_exit_codes():
         assert code in " ".join(out.split())
 
 
+def test_short_help_and_missing_dependencies_are_one_line():
+    out = subprocess.run([sys.executable, "-m", "builder", "build", "-h"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("Usage: python -m builder build"), out.stderr
+    # a python without the library's packages (-S: no site-packages, so no click, docker, PyYAML)
+    bare = subprocess.run([sys.executable, "-S", "-m", "builder", "-h"], cwd=REPO, capture_output=True, text=True)
+    assert bare.returncode == 3 and bare.stdout == "", bare
+    assert bare.stderr.count("\n") == 1 and bare.stderr.startswith("error: No module named "), bare.stderr
+    assert f"install them with: pip install -r {REPO / 'requirements' / 'builder.txt'}" in bare.stderr
+
+
 def test_base_args_cli_prints_build_arg_flags():
     out = subprocess.run([sys.executable, "-m", "builder", "base-args"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout

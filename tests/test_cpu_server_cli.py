@@ -1,0 +1,27 @@
+"""tools/cpu_server's command line, as `make serve` / `make gates` pass it: nothing is silently dropped."""
+from __future__ import annotations
+
+from tools.cpu_server import CPU_SERVER_SKIPS, parse_args, with_cpu_server_skips
+
+
+def test_serve_passes_options_it_does_not_know_to_vllm():
+    # make serve SERVE_ARGS="--max-num-seqs 4 --no-prefix-caching --max-model-len 8192"
+    args, gate_args, vllm_args = parse_args(["serve", "--tp", "1", "--pp", "1", "--max-num-seqs", "4",
+                                             "--no-prefix-caching", "--max-model-len", "8192"])
+    assert (args.command, args.no_prefix_caching, args.max_model_len) == ("serve", True, 8192)
+    assert gate_args == [] and vllm_args == ["--max-num-seqs", "4"]
+
+
+def test_gates_pass_their_own_options_to_run_gates_and_vllm_s_after_the_separator():
+    # make gates GATES_ARGS="long --only prefix-cache" TP=2 SERVE_ARGS="--max-num-seqs 4 --port 8123"
+    args, gate_args, vllm_args = parse_args(["gates", "long", "--only", "prefix-cache", "--tp", "2", "--pp", "1",
+                                             "--", "--max-num-seqs", "4", "--port", "8123"])
+    assert (args.mode, args.tensor_parallel_size, args.port) == ("long", 2, 8123)
+    assert gate_args == ["--only", "prefix-cache"] and vllm_args == ["--max-num-seqs", "4"]
+
+
+def test_an_allowed_skip_adds_to_the_cpu_server_s_own():
+    assert with_cpu_server_skips(["--only", "smoke,preflight", "--allow-skip", "smoke"], "quick") == [
+        "--only", "smoke,preflight", "--allow-skip", f"{CPU_SERVER_SKIPS['quick']},smoke"]
+    assert with_cpu_server_skips(["--allow-skip=needles-long"], "long") == ["--allow-skip", "needles-long"]
+    assert with_cpu_server_skips([], "quick") == ["--allow-skip", CPU_SERVER_SKIPS["quick"]]
