@@ -282,3 +282,11 @@ def test_the_checker_catches_what_drifts(tmp_path):
     assert found["NO_SUCH_ENV=1 python3 fixes/apply_all.py --profile v0.30.0"] == ["NO_SUCH_ENV is read by nothing"]
     assert found["bash tools/no_such.sh"] == ["no script tools/no_such.sh"]
     assert found["python3 -m recipes.launch docker --image x"] == [] and found["make test"] == []
+
+
+def test_make_help_lists_every_variable_the_makefile_takes():
+    help_out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    settable = set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*\?=", (REPO / "Makefile").read_text(), re.M))
+    assert settable >= {"PROFILE", "TP", "PP", "SERVE_ARGS", "GATES_ARGS", "PYTEST_ARGS"}, settable
+    missing = [name for name in settable | {"BASE", "TAG", "VLLM_GAUDI_SRC", "COOKBOOK_CACHE"} if name not in help_out]
+    assert not missing, f"make help does not list {missing}"
