@@ -31,11 +31,11 @@ help:
 	@echo "                 '--allow-skip GATE' adds to the skips the CPU server cannot judge)"
 	@echo "  PYTEST_ARGS    make test: pytest's options (-k NAME, -x, --durations=25)"
 	@echo "  VLLM_GAUDI_SRC, VLLM_GAUDI_MIRROR  a vllm-gaudi tree, or a clone to export 091bbadd from (tools/vllm_gaudi_src.sh)"
-	@echo "  COOKBOOK_CACHE the cache folder (default ~/.cache/gaudi-cookbook): sdists, virtualenvs, vllm-gaudi, tiny checkpoints"
+	@echo "  COOKBOOK_CACHE  the cache folder (default ~/.cache/gaudi-cookbook): sdists, virtualenvs, vllm-gaudi, tiny checkpoints"
 	@echo "  PYTHON         the python that runs the tools' scripts (default python3, with PyYAML)"
 	@echo ""
-	@echo "make exits 2 whenever a command fails; the command's own exit code is printed ('exited N'). CI that"
-	@echo "needs the code itself calls the command directly (docs/gaudi-node.md, Troubleshooting)."
+	@echo "make exits 2 whenever a command fails (make image and make gates print the command's own code, 'exited N')."
+	@echo "CI that needs a command's own code calls it directly (docs/gaudi-node.md, Troubleshooting)."
 
 # The quick start: the main job on a built-in default.
 demo:
@@ -92,7 +92,7 @@ serve:
 
 gates:
 	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) --tp $(TP) --pp $(PP) -- $(SERVE_ARGS) \
-	  || { rc=$$?; echo "make gates: run_gates.sh exited $$rc (0 passed, 1 a gate failed, 3 no server, 4 a skip not accepted)" >&2; exit $$rc; }
+	  || { rc=$$?; echo "make gates: python -m tools.cpu_server gates exited $$rc (run_gates.sh's codes: 1 a gate failed, 2 usage, 3 no server, 4 a skip not accepted; 1 also when the server did not start)" >&2; exit $$rc; }
 
 clean:
 	rm -rf build

@@ -20,6 +20,14 @@ def test_gates_pass_their_own_options_to_run_gates_and_vllm_s_after_the_separato
     assert gate_args == ["--only", "prefix-cache"] and vllm_args == ["--max-num-seqs", "4"]
 
 
+def test_the_mode_is_taken_by_place_not_from_an_option_s_value():
+    # without a mode, an option's value must not be read as one (newer argparse would try)
+    args, gate_args, _ = parse_args(["gates", "--only", "prefix-cache"])
+    assert (args.mode, gate_args) == ("quick", ["--only", "prefix-cache"])
+    args, _, vllm_args = parse_args(["serve", "--max-num-seqs", "4"])
+    assert (args.mode, vllm_args) == ("quick", ["--max-num-seqs", "4"])
+
+
 def test_an_allowed_skip_adds_to_the_cpu_server_s_own():
     assert with_cpu_server_skips(["--only", "smoke,preflight", "--allow-skip", "smoke"], "quick") == [
         "--only", "smoke,preflight", "--allow-skip", f"{CPU_SERVER_SKIPS['quick']},smoke"]

@@ -30,6 +30,8 @@ SHELL_LANGUAGES = {"", "sh", "bash", "shell", "console"}
 # Variables of the shell and of other programs, read by no code of ours: the docs may name them freely.
 OUTSIDE_VARIABLES = {"HOME", "PATH", "PWD", "PIP_INDEX_URL", "HF_HOME", "HF_HUB_OFFLINE", "CI"}
 PROGRAMS = ("make", "python", "python3", "bash", "sh")
+# A click group whose first argument, when it is not a sub-command, goes to this one (cookbook.cli.DefaultGroup).
+DEFAULT_SUB_COMMAND = {"fixes/apply_all.py": "apply"}
 
 
 @dataclass(frozen=True)
@@ -75,39 +77,64 @@ def inline_commands(text: str) -> list[tuple[int, str]]:
 
 def commands(path: Path) -> list[Command]:
     """The commands of a doc's code blocks and of its command-like code spans: joined continuations, split at
-    shell operators, comments, prompts and placeholders stripped, those of the programs we check (PROGRAMS,
-    or a script of ours)."""
+    shell operators, comments, prompts and placeholders stripped, wrappers unwrapped (`docker exec NAME`,
+    `bash -c '...'`, `sudo`, `env`, `timeout N`), command substitutions checked as commands of their own;
+    those of the programs we check (PROGRAMS, or a script of ours)."""
     found, pending, start, assigned = [], "", 0, set()
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
     text = path.read_text()
     for number, line in code_lines(text) + inline_commands(text):
-        text = line.strip()
-        text = text[2:] if text.startswith("$ ") else text
+        line = line.strip()
+        line = line[2:] if line.startswith("$ ") else line
         if not pending:
             start = number
-        if text.endswith("\\"):
-            pending += text[:-1] + " "
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
             continue
-        text, pending = pending + text, ""
-        text = re.sub(r"<[^<>]*>", "PLACEHOLDER", text)
-        text = re.sub(r"\$\([^()]*\)", "SUBST", text)       # a command substitution's value
-        try:
-            lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|")
-            lexer.whitespace_split = True
-            lexer.commenters = "#"
-            words = list(lexer)
-        except ValueError:      # not shell (an output line with an odd quote)
-            continue
-        piece: list[str] = []
-        for word in words + [";"]:
-            if word and set(word) <= set(";&|"):
-                if piece:
-                    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
-                    found.append(Command(f"{where}:{start}", tuple(piece), frozenset(assigned)))
-                    assigned.update(_assignments(piece))
-                piece = []
-            else:
-                piece.append(word)
+        line, pending = pending + line, ""
+        for words in shell_commands(re.sub(r"<[^<>]*>", "PLACEHOLDER", line)):
+            found.append(Command(f"{where}:{start}", words, frozenset(assigned)))
+            assigned.update(_assignments(list(words)))
     return [c for c in found if _program(c.words) is not None]
+
+
+def shell_commands(line: str) -> list[tuple[str, ...]]:
+    """The simple commands of one shell line, wrappers unwrapped, substitutions' commands included."""
+    inner = [words for sub in re.findall(r"\$\(([^()]*)\)", line) for words in shell_commands(sub)]
+    line = re.sub(r"\$\([^()]*\)", "SUBST", line)       # the substitution's value, in its command
+    try:
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        words = list(lexer)
+    except ValueError:      # not shell (an output line with an odd quote)
+        return inner
+    out, piece = [], []
+    for word in words + [";"]:
+        if word and set(word) <= set(";&|"):
+            out += _unwrap(tuple(piece)) if piece else []
+            piece = []
+        else:
+            piece.append(word)
+    return inner + out
+
+
+def _unwrap(words: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The command a wrapper runs: docker exec [options] NAME CMD, bash|sh -c STRING, sudo, env, timeout N."""
+    if words[:2] == ("docker", "exec"):
+        rest = list(words[2:])
+        while rest and rest[0].startswith("-"):
+            option = rest.pop(0)
+            if option in ("-e", "--env", "-w", "--workdir", "-u", "--user") and rest:
+                rest.pop(0)
+        return _unwrap(tuple(rest[1:])) if len(rest) > 1 else []
+    if len(words) >= 3 and words[0] in ("bash", "sh") and words[1] == "-c":
+        return shell_commands(words[2])
+    if words[:1] in (("sudo",), ("env",)):
+        return _unwrap(words[1:])
+    if words[:1] == ("timeout",) and len(words) > 2:
+        return _unwrap(words[2:])
+    return [words]
 
 
 def _assignments(words: list[str]) -> set[str]:
@@ -167,11 +194,12 @@ def module_file(module: str, pythonpath: str) -> Path | None:
 
 @functools.lru_cache(maxsize=None)
 def read_by_code(name: str) -> bool:
-    """Whether a variable is read by this repository's code (not its docs) or by vLLM 0.30.0's envs.py."""
+    """Whether a variable is named by this repository's code (not its docs, not tests/) or read by vLLM 0.30.0
+    (its envs.py)."""
     from cookbook import upstream
 
     proc = subprocess.run(["git", "grep", "-q", "-w", name, "--", "*.py", "*.sh", "Makefile", "*.yaml", "*.yml",
-                           "Dockerfile", "*/Dockerfile", ".ci/run", f":!{Path(__file__).relative_to(REPO)}"], cwd=REPO)
+                           "Dockerfile", "*/Dockerfile", ".ci/run", ":!tests/"], cwd=REPO)
     if proc.returncode == 0:
         return True
     return f'"{name}"' in (upstream.vllm_source() / "vllm" / "envs.py").read_text()
@@ -204,9 +232,11 @@ def problems(command: Command) -> list[str]:
             return found + [f"no script {script}"]
         if script.endswith(".py"):
             program, args = "python", [script, *args]
-        else:
+        elif "--help" in (REPO / script).read_text():    # never run a script that has no --help: it would run
             code, text = help_text(pythonpath, "bash", script)
             return found + _missing_options(args, text, code, f"bash {script}")
+        else:
+            return found + [f"{script} takes no options, given {a}" for a in args if a.startswith("-")]
     if program == "python":
         if args[:1] == ["-m"] and len(args) > 1:
             module, rest = args[1], args[2:]
@@ -214,19 +244,28 @@ def problems(command: Command) -> list[str]:
                 return found + [f"no test file {a}" for a in rest if a.endswith(".py") and not (REPO / a).exists()]
             if "PLACEHOLDER" in module:
                 return found
-            if module_file(module, pythonpath) is None:
+            source = module_file(module, pythonpath)
+            if source is None:
                 return found + [f"no module {module} in this repository"] if module.split(".")[0] in _our_packages() else found
             argv = (sys.executable, "-m", module)
         elif args and args[0].endswith(".py"):
-            if not (REPO / args[0]).exists():
+            source = REPO / args[0]
+            if not source.exists():
                 return found + [f"no script {args[0]}"]
-            argv, rest = (sys.executable, str(REPO / args[0])), args[1:]
+            argv, rest = (sys.executable, str(source)), args[1:]
         else:
             return found
+        if not re.search(r"argparse|click|\bmain\(", source.read_text()):   # --help would run it
+            return found + [f"{source.relative_to(REPO)} parses no options, given {a}" for a in rest if a.startswith("-")]
         code, text = help_text(pythonpath, *argv)
-        if code == 0:      # sub-commands have options of their own (apply_all.py apply, loader presplit)
-            for sub in _sub_commands(text):
-                sub_code, sub_text = help_text(pythonpath, *argv, sub)
+        subs = _sub_commands(text) if code == 0 else []
+        if subs:      # the doc's sub-command must be one, and its options that sub-command's (or the group's)
+            given = next((a for a in rest if not a.startswith("-")), None)
+            chosen = given if given in subs else DEFAULT_SUB_COMMAND.get(str(source.relative_to(REPO)))
+            if given is not None and chosen is None:
+                return found + [f"{' '.join(argv[1:])}: no sub-command {given!r} (it has {', '.join(subs)})"]
+            if chosen is not None:
+                sub_code, sub_text = help_text(pythonpath, *argv, chosen)
                 text += sub_text if sub_code == 0 else ""
         found += _missing_options(rest, text, code, " ".join(argv[1:]))
         found += [f"no path {a}" for a in rest if a.startswith(TOP_DIRS) and not list(REPO.glob(a.split("=")[-1]))]
@@ -234,10 +273,12 @@ def problems(command: Command) -> list[str]:
 
 
 def _sub_commands(help_output: str) -> list[str]:
-    """The sub-commands a --help lists: a click group's under "Commands:", argparse's {a,b} choices."""
-    section = help_output.split("Commands:", 1)[1] if "Commands:" in help_output else ""
-    choices = re.search(r"\{([\w,-]+)\}", help_output)
-    return re.findall(r"^  ([a-z][\w-]*)", section, re.M) + (choices.group(1).split(",") if choices else [])
+    """The sub-commands a --help lists: a click group's under "Commands:" (up to the next blank line), and
+    argparse's positional {a,b} choices in its usage (not an option's, `--dtype {float32,bfloat16}`)."""
+    section = help_output.split("Commands:", 1)[1].split("\n\n", 1)[0] if "Commands:" in help_output else ""
+    usage = help_output.split("\n\n", 1)[0]
+    positional = [m.group(2) for m in re.finditer(r"(\S+)\s+\{([\w,-]+)\}", usage) if not (m.group(1).lstrip("[").startswith("-") and not m.group(1).endswith("]"))]
+    return re.findall(r"^  ([a-z][\w-]*)", section, re.M) + [name for group in positional for name in group.split(",")]
 
 
 def _our_packages() -> set[str]:
@@ -245,10 +286,14 @@ def _our_packages() -> set[str]:
 
 
 def _missing_options(args: list[str], text: str, code: int, what: str) -> list[str]:
+    """The options given that no option line or usage line of the help lists (prose mentions do not count)."""
     if code != 0:
         return [f"`{what} --help` exits {code}: {text.strip().splitlines()[-1][:200] if text.strip() else ''}"]
+    listed = "\n".join(line for line in text.splitlines() if re.match(r"\s*(-|usage:|Usage:|\[)", line)
+                       or line.startswith(" " * 10))     # usage and option lines, and their continuations
     options = [a.split("=", 1)[0] for a in args if a.startswith("-") and a not in ("-", "--")]
-    return [f"{what} has no option {option}" for option in options if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text)]
+    return [f"{what} has no option {option}" for option in options
+            if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", listed)]
 
 
 ALL = [command for path in doc_files() for command in commands(path)]
@@ -271,7 +316,10 @@ def test_the_checker_catches_what_drifts(tmp_path):
         "    make no-such-target", "    make test NO_SUCH_VARIABLE=1", "    python3 -m tools.no_such_module",
         "    python3 -m recipes.launch docker --no-such-option", "    python3 fixes/no_such_script.py",
         "    NO_SUCH_ENV=1 python3 fixes/apply_all.py --profile v0.30.0", "    bash tools/no_such.sh",
-        "    python3 -m recipes.launch docker --image x && make test  # a comment --ignored"]) + "\n")
+        "    python3 -m recipes.launch docker --image x && make test  # a comment --ignored",
+        "    python3 -m builder nosuch", "    python3 -m builder probe --tag x", "    python3 -m tools.cpu_server serve --only x",
+        "    docker exec c bash -c 'cd /opt && python3 -m recipes.launch docker --bogus'",
+        "    VENV=$(bash tools/no_such_env.sh)"]) + "\n")
     found = {" ".join(c.words): problems(c) for c in commands(doc)}
     assert found["make no-such-target"] == ["no make target 'no-such-target'"]
     assert found["make test NO_SUCH_VARIABLE=1"] == ["the Makefile reads no variable NO_SUCH_VARIABLE"]
@@ -282,11 +330,20 @@ def test_the_checker_catches_what_drifts(tmp_path):
     assert found["NO_SUCH_ENV=1 python3 fixes/apply_all.py --profile v0.30.0"] == ["NO_SUCH_ENV is read by nothing"]
     assert found["bash tools/no_such.sh"] == ["no script tools/no_such.sh"]
     assert found["python3 -m recipes.launch docker --image x"] == [] and found["make test"] == []
+    assert found["python3 -m builder nosuch"] == [
+        "-m builder: no sub-command 'nosuch' (it has base, base-args, build, probe)"]
+    assert found["python3 -m builder probe --tag x"] == ["-m builder has no option --tag"]      # build's, not probe's
+    assert found["python3 -m tools.cpu_server serve --only x"] == ["-m tools.cpu_server has no option --only"]
+    assert found["python3 -m recipes.launch docker --bogus"] == ["-m recipes.launch has no option --bogus"]
+    assert found["bash tools/no_such_env.sh"] == ["no script tools/no_such_env.sh"]
 
 
 def test_make_help_lists_every_variable_the_makefile_takes():
     help_out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    variables = help_out.split("Variables", 1)[1]
+    listed = set(re.findall(r"^  ([A-Z_][A-Z0-9_, ]*?)\s{2,}", variables, re.M))
+    listed = {name.strip() for entry in listed for name in entry.split(",")}
     settable = set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*\?=", (REPO / "Makefile").read_text(), re.M))
     assert settable >= {"PROFILE", "TP", "PP", "SERVE_ARGS", "GATES_ARGS", "PYTEST_ARGS"}, settable
-    missing = [name for name in settable | {"BASE", "TAG", "VLLM_GAUDI_SRC", "COOKBOOK_CACHE"} if name not in help_out]
+    missing = [name for name in settable | {"BASE", "TAG", "VLLM_GAUDI_SRC", "COOKBOOK_CACHE"} if name not in listed]
     assert not missing, f"make help does not list {missing}"

@@ -47,14 +47,14 @@ class ServerEnvError(RuntimeError):
 def server_venv() -> Path:
     """tools/server_env.sh's venv (built once: the README's quick start says how long), its progress passed on
     to our stderr as it comes."""
-    proc = subprocess.Popen(["bash", str(REPO / "tools" / "server_env.sh")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(["timeout", "3600", "bash", str(REPO / "tools" / "server_env.sh")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     said = []
     for line in proc.stderr:
         said.append(line)
         print(line, end="", file=sys.stderr, flush=True)
     out = proc.stdout.read()
-    if proc.wait(3600) != 0:
+    if proc.wait() != 0:
         raise ServerEnvError(f"tools/server_env.sh failed (exit {proc.returncode}):\n{''.join(said)[-3000:]}")
     return Path(out.strip().splitlines()[-1])
 
@@ -311,7 +311,11 @@ def with_cpu_server_skips(gate_args: list[str], mode: str) -> list[str]:
     allowed, rest, args = [CPU_SERVER_SKIPS[mode]], [], iter(gate_args)
     for arg in args:
         if arg == "--allow-skip":
-            allowed.append(next(args, ""))
+            value = next(args, None)
+            if value is None or value.startswith("-"):     # no value: run_gates.sh says so (exit 2)
+                rest += [arg] + ([value] if value else [])
+            else:
+                allowed.append(value)
         elif arg.startswith("--allow-skip="):
             allowed.append(arg.split("=", 1)[1])
         else:
@@ -326,7 +330,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
         epilog="serve: options this command does not know go to vLLM's api_server. gates: they go to run_gates.sh "
                "(--only, --allow-skip, --json), and vLLM's come after `--` (make gates SERVE_ARGS=...).")
     parser.add_argument("command", choices=["serve", "gates"])
-    parser.add_argument("mode", nargs="?", default="quick", choices=["quick", "long"])
+    parser.add_argument("mode", choices=["quick", "long"])
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--port", type=int)
     parser.add_argument("--max-model-len", type=int,
@@ -336,7 +340,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
                         help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
     parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
     own, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args, rest = parser.parse_known_args(own)
+    # the command, then the mode when given (quick by default), taken by place: an optional positional
+    # would take the value of an option we do not know (--max-num-seqs 4) on some Python versions
+    mode = own[1:2] if own[1:2] in (["quick"], ["long"]) else ["quick"]
+    args, rest = parser.parse_known_args([*own[:1], *mode, *own[1 + (own[1:2] == mode):]])
     args, vllm_args = parser.parse_known_args([args.command, args.mode, *after], namespace=args)  # our options there too
     if args.command == "serve":
         return args, [], rest + vllm_args

@@ -13,7 +13,8 @@
 # patches/port.yaml), PYTHON (default python3).
 # Exit codes (each failure says which step it stopped at):
 #   0 installed;
-#   1 the plugin install or a runner patch failed (apply_all.py refused a fix; the tree is unchanged);
+#   1 the plugin install or a runner patch failed (step 1's requirements stay installed, and after a
+#     runner patch's failure the plugin too; apply_all.py leaves vllm-gaudi's files unchanged);
 #   2 not the profile's base: step 2 found other commits (step 1's requirements are installed, the port
 #     is not), or step 4's commit check did (the plugin is installed, the runner patches are not);
 #   3 setup or usage error: no Python or pip, the requirements could not be installed, or apply_all.py's

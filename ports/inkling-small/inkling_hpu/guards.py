@@ -218,6 +218,8 @@ def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, row
                      "vllm/tokenizers/hf.py:132)")
     if config_vocab_size - 1 >= rows:
         named.append(f"{rows}..{config_vocab_size - 1} (below the config's vocab_size {config_vocab_size})")
+    if not named:      # a tokenizer whose max_token_id comes from neither its ids nor its vocab_size
+        named.append(f"{tokenizer.max_token_id} (the tokenizer's max_token_id)")
     return (f"token ids: expected every prompt token id vLLM admits to have an embedding row, found ids up to "
             f"{admitted} admitted (the larger of the tokenizer's max_token_id {tokenizer.max_token_id} and the "
             f"config's vocab_size {config_vocab_size} - 1; vllm/v1/engine/input_processor.py:546) and "
@@ -239,7 +241,10 @@ def tokenizer_ids(tokenizer: Any) -> TokenizerIds | None:
     None for no tokenizer."""
     if tokenizer is None:
         return None
-    vocab_size = getattr(tokenizer, "vocab_size", None)
+    try:     # vLLM's wrapper allows a tokenizer without it (vllm/tokenizers/hf.py:131)
+        vocab_size = getattr(tokenizer, "vocab_size", None)
+    except NotImplementedError:
+        vocab_size = None
     return TokenizerIds(max_token_id=int(tokenizer.max_token_id), vocab=tokenizer.get_vocab(),
                         vocab_size=None if vocab_size is None else int(vocab_size))
 

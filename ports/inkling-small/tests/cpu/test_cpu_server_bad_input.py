@@ -1,11 +1,8 @@
 """Bad requests against the real vLLM 0.30.0 CPU server with the port (the tiny Inkling, the recipe's CPU
 variant): each gets a 4xx naming the problem, or is served as vLLM 0.30.0 documents (below), while other
 clients stream; afterwards /health is OK, the streams carry transformers' greedy tokens, requests sharing
-prefixes still equal transformers', and the server log holds no engine error. One server for the module.
-
-Run against another server (the token-id edges come from its checkpoint folder):
-    python -m pytest ports/inkling-small/tests/cpu/test_cpu_server_bad_input.py  (starts its own)
-"""
+prefixes still equal transformers', and the server log holds no engine error. One server for the module;
+the token-id edges come from its checkpoint folder (`checkpoint_edges`)."""
 from __future__ import annotations
 
 import json

@@ -268,7 +268,7 @@ def gate_preflight() -> tuple[bool | None, str]:
                       f"cookbook at {cookbook}); run the gates inside the port image for this one")
     model = SERVER.get("root")      # the served checkpoint, when it is a folder here: its token ids are checked
     proc = subprocess.run([sys.executable, "-m", "inkling_hpu.preflight", "--json",
-                           *(["--model", model] if model and Path(model).is_dir() else [])],
+                           *(["--model", str(Path(model).resolve())] if model and Path(model).is_dir() else [])],
                           capture_output=True, text=True, cwd=cookbook)
     try:
         report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -755,7 +755,7 @@ def gate_long_prefill_with_decodes() -> tuple[bool | None, str]:
 
 GATES = {
     "quick": [
-        ("preflight", "Preflight: plugin, parsers, KV layout and the CPU tests inside the image", gate_preflight),
+        ("preflight", "Preflight: plugin, parsers, KV layout, token ids and the CPU tests inside the image", gate_preflight),
         ("smoke", "Smoke: arithmetic, tool call, JSON mode, tool_choice required", gate_smoke),
         ("greedy", "Greedy repeats and a streamed greedy run give the same text", gate_greedy),
         ("reasoning", "Reasoning split, streamed reasoning and tool call without block markers", gate_reasoning_tools),
