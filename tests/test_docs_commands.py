@@ -169,7 +169,8 @@ def makefile() -> tuple[frozenset[str], frozenset[str]]:
     """(targets, variables read) of the Makefile."""
     text = (REPO / "Makefile").read_text()
     targets = set(re.findall(r"^([A-Za-z][\w-]*):(?!=)", text, re.M))
-    variables = set(re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", text)) | set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*\?=", text, re.M))
+    variables = set(re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", text))
+    variables |= set(re.findall(r"^([A-Z_][A-Z0-9_]*)\s*\?=", text, re.M))
     return frozenset(targets), frozenset(variables)
 
 
@@ -246,7 +247,8 @@ def problems(command: Command) -> list[str]:
                 return found
             source = module_file(module, pythonpath)
             if source is None:
-                return found + [f"no module {module} in this repository"] if module.split(".")[0] in _our_packages() else found
+                ours = module.split(".")[0] in _our_packages()
+                return found + ([f"no module {module} in this repository"] if ours else [])
             argv = (sys.executable, "-m", module)
         elif args and args[0].endswith(".py"):
             source = REPO / args[0]
@@ -277,8 +279,11 @@ def _sub_commands(help_output: str) -> list[str]:
     argparse's positional {a,b} choices in its usage (not an option's, `--dtype {float32,bfloat16}`)."""
     section = help_output.split("Commands:", 1)[1].split("\n\n", 1)[0] if "Commands:" in help_output else ""
     usage = help_output.split("\n\n", 1)[0]
-    positional = [m.group(2) for m in re.finditer(r"(\S+)\s+\{([\w,-]+)\}", usage) if not (m.group(1).lstrip("[").startswith("-") and not m.group(1).endswith("]"))]
-    return re.findall(r"^  ([a-z][\w-]*)", section, re.M) + [name for group in positional for name in group.split(",")]
+    positional = []
+    for before, choices in re.findall(r"(\S+)\s+\{([\w,-]+)\}", usage):
+        takes_value = before.lstrip("[").startswith("-") and not before.endswith("]")    # `--dtype {a,b}`
+        positional += [] if takes_value else choices.split(",")
+    return re.findall(r"^  ([a-z][\w-]*)", section, re.M) + positional
 
 
 def _our_packages() -> set[str]:
@@ -317,7 +322,8 @@ def test_the_checker_catches_what_drifts(tmp_path):
         "    python3 -m recipes.launch docker --no-such-option", "    python3 fixes/no_such_script.py",
         "    NO_SUCH_ENV=1 python3 fixes/apply_all.py --profile v0.30.0", "    bash tools/no_such.sh",
         "    python3 -m recipes.launch docker --image x && make test  # a comment --ignored",
-        "    python3 -m builder nosuch", "    python3 -m builder probe --tag x", "    python3 -m tools.cpu_server serve --only x",
+        "    python3 -m builder nosuch", "    python3 -m builder probe --tag x",
+        "    python3 -m tools.cpu_server serve --only x",
         "    docker exec c bash -c 'cd /opt && python3 -m recipes.launch docker --bogus'",
         "    VENV=$(bash tools/no_such_env.sh)"]) + "\n")
     found = {" ".join(c.words): problems(c) for c in commands(doc)}
