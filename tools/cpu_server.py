@@ -342,8 +342,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     own, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     # the command, then the mode when given (quick by default), taken by place: an optional positional
     # would take the value of an option we do not know (--max-num-seqs 4) on some Python versions
-    mode = own[1:2] if own[1:2] in (["quick"], ["long"]) else ["quick"]
-    args, rest = parser.parse_known_args([*own[:1], *mode, *own[1 + (own[1:2] == mode):]])
+    command, options = own[:1], own[1:]
+    mode = options[:1] if options[:1] in (["quick"], ["long"]) else []
+    args, rest = parser.parse_known_args([*command, *(mode or ["quick"]), *options[len(mode):]])
     args, vllm_args = parser.parse_known_args([args.command, args.mode, *after], namespace=args)  # our options there too
     if args.command == "serve":
         return args, [], rest + vllm_args

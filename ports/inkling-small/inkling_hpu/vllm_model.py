@@ -100,6 +100,13 @@ def check_token_ids(tokenizer, config_vocab_size: int, rows: int) -> str:
     return guards.token_id_line(ids, config_vocab_size, rows)
 
 
+def check_served_token_ids(model_config, rows: int) -> str:
+    """check_token_ids with the tokenizer vLLM's input processor checks prompts with (the same cached load)."""
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    return check_token_ids(cached_tokenizer_from_config(model_config), model_config.get_vocab_size(), rows)
+
+
 def check_checkpoint_token_ids(model_dir: str | os.PathLike) -> str:
     """check_token_ids on a checkpoint folder, its tokenizer and config read as vLLM reads them (the preflight,
     tools/tiny_model.py)."""
@@ -228,11 +235,7 @@ class InklingVllmModel(nn.Module):
         self.inkling = InklingForCausalLM(self.config, tp=self.tp, stage=_pipeline_stage(self.config.num_hidden_layers))
         self.stage = self.inkling.stage
         self.inkling.cast(vllm_config.model_config.dtype)
-        model_config = vllm_config.model_config    # the tokenizer vLLM's input processor checks prompts with
-        from vllm.tokenizers import cached_tokenizer_from_config
-
-        logger.info("Inkling %s", check_token_ids(cached_tokenizer_from_config(model_config),
-                                                  model_config.get_vocab_size(), self.inkling.embedding_rows))
+        logger.info("Inkling %s", check_served_token_ids(vllm_config.model_config, self.inkling.embedding_rows))
         self.block_size = vllm_config.cache_config.block_size
         # One vLLM Attention per layer: it only holds the layer's KV cache (never called). Each
         # declares the bytes of conv state the layer keeps per KV block, which the platform adds to

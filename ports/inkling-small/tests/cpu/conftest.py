@@ -15,6 +15,17 @@ def port_dir() -> Path:
     return PORT
 
 
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    """A real CPU server with the recipe's CPU variant on the tiny Inkling, one per test module that asks for
+    it (started before the module's first test, stopped after its last: one server at a time)."""
+    from cpu_server_helpers import prepared
+
+    srv = prepared(tmp_path_factory.mktemp(request.module.__name__) / "server.log")
+    with srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def served_vllm_gaudi(vllm_gaudi_src, tmp_path_factory) -> Path:
     """vllm-gaudi with the v0.30.0 profile's default fixes and the port's runner patches, as the page's

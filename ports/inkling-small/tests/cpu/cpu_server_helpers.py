@@ -70,7 +70,8 @@ def prepared(log: Path, extra_args=(), **options) -> "cpu_server.CpuServer":
 
 
 def served_reference(server: "cpu_server.CpuServer"):
-    """transformers' Inkling (fp32) on the server's checkpoint weights, and its tokenizer's ids (the logits it keeps)."""
+    """transformers' Inkling (fp32) on the server's checkpoint weights, and its tokenizer's ids (the logits it
+    keeps)."""
     import torch
 
     from inkling_hpu import parity

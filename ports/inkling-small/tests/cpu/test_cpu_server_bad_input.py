@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cpu_server_helpers import (assert_concurrent_shared_prefixes_equal_transformers, prepared, reference_greedy,
-                                served_reference)
+from cpu_server_helpers import assert_concurrent_shared_prefixes_equal_transformers, reference_greedy, served_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
@@ -168,13 +167,6 @@ class Stream(threading.Thread):
                     self.last_token_at = time.monotonic()
         except Exception as exc:       # reported by the test, with the tokens received so far
             self.error = exc
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = prepared(tmp_path_factory.mktemp("cpu-server-bad-input") / "server.log")
-    with srv:
-        yield srv
 
 
 def test_bad_requests_get_4xx_while_other_clients_stream_unharmed(server):

@@ -12,16 +12,9 @@ import re
 
 import pytest
 
-from cpu_server_helpers import assert_greedy_tokens_equal_transformers, prepared, rows, run_gates, table
+from cpu_server_helpers import assert_greedy_tokens_equal_transformers, rows, run_gates, table
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = prepared(tmp_path_factory.mktemp("cpu-server") / "server.log")
-    with srv:
-        yield srv
 
 
 def test_quick_gates_on_a_healthy_server(server):
