@@ -25,6 +25,7 @@ help:
 	@echo "  PROFILE        the fix pack's profile (default v0.30.0)"
 	@echo "  BASE, TAG      make image: the base image and the new image's tag"
 	@echo "  TP, PP         make serve / gates: tensor- and pipeline-parallel sizes (default 1 and 1)"
+	@echo "  NODES          make serve / gates: 2 runs the two-node variant, two Ray nodes on this machine (TP=2 PP=2)"
 	@echo "  SERVE_ARGS     make serve / gates: the server's options (--no-prefix-caching, --port N, --max-model-len N)"
 	@echo "                 and any of vLLM's api_server (--max-num-seqs 4, ...)"
 	@echo "  GATES_ARGS     make gates: run_gates.sh's mode and options (default quick; 'long', 'quick --only prefix-cache',"
@@ -82,16 +83,18 @@ image:
 # (the inkling_hpu plugin) with the recipe's cpu-variant flags,
 # on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N, --max-model-len N, and any of
 # vLLM's api_server options (make gates passes them after `--`). TP / PP: tensor- and
-# pipeline-parallel sizes (vLLM's mp executor runs TP x PP worker processes, gloo).
+# pipeline-parallel sizes (vLLM's mp executor runs TP x PP worker processes, gloo). NODES=2 (with TP=2
+# PP=2): the recipe's two-node variant on this machine, two Ray nodes and vLLM's Ray executor, torn down after.
 SERVE_ARGS ?=
 GATES_ARGS ?= quick
 TP ?= 1
 PP ?= 1
+NODES ?= 1
 serve:
-	@$(VENV_PY) -m tools.cpu_server serve --tp $(TP) --pp $(PP) $(SERVE_ARGS)
+	@$(VENV_PY) -m tools.cpu_server serve --tp $(TP) --pp $(PP) --nodes $(NODES) $(SERVE_ARGS)
 
 gates:
-	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) --tp $(TP) --pp $(PP) -- $(SERVE_ARGS) \
+	@$(VENV_PY) -m tools.cpu_server gates $(GATES_ARGS) --tp $(TP) --pp $(PP) --nodes $(NODES) -- $(SERVE_ARGS) \
 	  || { rc=$$?; echo "make gates: python -m tools.cpu_server gates exited $$rc (run_gates.sh's codes: 1 a gate failed, 2 usage, 3 no server, 4 a skip not accepted; 1 also when the server did not start)" >&2; exit $$rc; }
 
 clean:

@@ -4,6 +4,7 @@ variant's server flags.
 
     python3 -m recipes.launch block      [RECIPE]     # the page's launch block
     python3 -m recipes.launch multi-node [RECIPE]     # two nodes: TP within a node, PP across, Ray
+    python3 -m recipes.launch multi-node --cpu        # the same rehearsed on one CPU machine (two Ray nodes)
     python3 -m recipes.launch docker     [RECIPE] [--image IMAGE] [--hf-cache DIR]
     python3 -m recipes.launch cpu        [RECIPE]     # the CPU variant's api_server arguments
 
@@ -145,6 +146,54 @@ def cpu_serve_args(recipe: dict) -> list[str]:
     return argv
 
 
+def cpu_ray_start(recipe: dict, node: int, port: int | None = None, temp_dir: str | None = None) -> list[str]:
+    """`ray start` as argv for node `node` (0: the head, 1: the second) of the CPU variant's two Ray nodes on
+    one machine; `port`: the head's (default the recipe's), `temp_dir`: Ray's session folder."""
+    multi = recipe["cpu-variant"]["multi-node"]
+    port = port or recipe["multi-node"]["ray"]["port"]
+    argv = ["ray", "start", *(["--head", f"--port={port}"] if node == 0 else [f"--address={multi['addresses'][0]}:{port}"])]
+    argv += [f"--node-ip-address={multi['addresses'][node]}", *multi["ray-start"], *multi["second-node" if node else "head"]]
+    return argv + ([f"--temp-dir={temp_dir}"] if temp_dir else [])
+
+
+def cpu_multi_node_args(recipe: dict) -> list[str]:
+    """The CPU variant's api_server flags at the two-node variant's sizes, through vLLM's Ray executor."""
+    return cpu_serve_args(recipe) + [part for arg in recipe["cpu-variant"]["multi-node"]["parallel"]
+                                     for part in arg.split("=", 1)]
+
+
+def cpu_multi_node_block(recipe: dict) -> str:
+    """The two-node variant rehearsed on one CPU machine: the env, the TEST-ONLY Ray device stand-in, the two
+    `ray start` lines and the server through Ray (what tools/ray_nodes.py and `make gates NODES=2` run)."""
+    variant, multi = recipe["cpu-variant"], recipe["cpu-variant"]["multi-node"]
+    head = f"{multi['addresses'][0]}:{recipe['multi-node']['ray']['port']}"
+    lines = ["# The two-node variant rehearsed on one machine, on CPU: two Ray nodes on loopback addresses, TP 2",
+             "# inside each, PP 2 across them, vLLM's Ray executor. Needs vLLM's CPU build with the fix pack",
+             "# applied and the port installed (make serve does both), ray (" + recipe["multi-node"]["ray"]["package"] + "),",
+             "# and MODEL, a checkpoint folder (tools/tiny_model.py writes the tiny stand-in).", ""]
+    lines += [f"export {k}={v}" for k, v in {**variant["env"], **multi["env"]}.items()]
+    lines += ["# TEST-ONLY stand-in: vLLM's CPU workers take Ray GPU slots (vLLM's CPU platform has no Ray device)",
+              f'export PYTHONPATH="$COOKBOOK/{multi["stand-in"]}${{PYTHONPATH:+:$PYTHONPATH}}"',
+              "", "# node 0: Ray head", shlex.join(cpu_ray_start(recipe, 0)),
+              "# node 1: the second Ray node", shlex.join(cpu_ray_start(recipe, 1)),
+              "", f"# the server, once `ray status --address {head}` lists 4 GPU",
+              f"export RAY_ADDRESS={head}",
+              'python3 -m vllm.entrypoints.openai.api_server --model "${MODEL:?}" --host 127.0.0.1 --port 8000 \\']
+    flags = _flag_lines([f"{a}={b}" if b else a for a, b in _pairs(cpu_multi_node_args(recipe))])
+    return "\n".join(lines + [f + " \\" for f in flags[:-1]] + flags[-1:])
+
+
+def _pairs(argv: list[str]) -> list[tuple[str, str]]:
+    """`--flag value` argv -> (flag, value) pairs ('' for a flag without a value)."""
+    pairs = []
+    for arg in argv:
+        if arg.startswith("--"):
+            pairs.append((arg, ""))
+        else:
+            pairs[-1] = (pairs[-1][0], arg)
+    return pairs
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m recipes.launch", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["block", "multi-node", "docker", "cpu"])
@@ -152,12 +201,14 @@ def main(argv=None) -> int:
     parser.add_argument("--image", default="<port image>")
     parser.add_argument("--hf-cache", default="$HOME/.cache/huggingface")
     parser.add_argument("--name", default="inkling-small", help="docker: the container's name (docker logs NAME)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="multi-node: the variant rehearsed on one CPU machine (two Ray nodes on loopback addresses)")
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
     if args.what == "block":
         print(cookbook_note(recipe) + "\n" + launch_block(recipe))
     elif args.what == "multi-node":
-        print(cookbook_note(recipe) + "\n" + multi_node_block(recipe))
+        print(cookbook_note(recipe) + "\n" + (cpu_multi_node_block(recipe) if args.cpu else multi_node_block(recipe)))
     elif args.what == "docker":
         print(docker_run(recipe, args.image, args.hf_cache, args.name))
     else:

@@ -5,12 +5,13 @@ Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.p
 `make serve` / `make gates`:
 
     python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N] [--pp N]
-                                      [vLLM api_server options]                          # until Ctrl-C
+                                      [--nodes 2] [vLLM api_server options]              # until Ctrl-C
     python3 -m tools.cpu_server gates [quick|long] [same options] [run_gates.sh options] [-- vLLM options]
 
 --tp / --pp (--tensor-parallel-size / --pipeline-parallel-size) run that many vLLM worker processes per
 stage and stages (the mp executor, gloo): the port's tensor and pipeline parallel through vLLM's own
-executor, as the page's TP 8 (and the two-node TP 8 x PP 2) run it on Gaudi.
+executor, as the page's TP 8 (and the two-node TP 8 x PP 2) run it on Gaudi. --nodes 2 --tp 2 --pp 2 runs the
+two-node variant instead: two Ray nodes on this machine and vLLM's Ray executor (tools/ray_nodes.py).
 
 From the repository root, with the test venv's python (tools/test_env.sh: the fix-pack library needs its packages); the
 server itself runs in tools/server_env.sh's venv. The server's flags are the recipe's `cpu-variant`
@@ -32,7 +33,8 @@ import urllib.request
 from pathlib import Path
 
 from cookbook.upstream import CACHE_ROOT
-from recipes.launch import cpu_serve_args, load_recipe
+from recipes.launch import cpu_multi_node_args, cpu_serve_args, load_recipe
+from tools import ray_nodes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -185,26 +187,41 @@ def worker_threads(cmd: list[str]) -> dict:
 
 class CpuServer:
     """One server process group: `start()` waits until /v1/models answers (or raises with the log's
-    tail), `stop()` sends SIGTERM, then SIGKILL after STOP_TIMEOUT."""
+    tail), `stop()` sends SIGTERM, then SIGKILL after STOP_TIMEOUT. With `nodes=2`, the recipe's two-node
+    variant on CPU: two Ray nodes on this machine (tools/ray_nodes.py, started first and stopped last), the
+    server at its TP 2 x PP 2 through vLLM's Ray executor."""
 
     def __init__(self, venv: Path, model: Path, log: Path, extra_args=(), port: int | None = None,
-                 env: dict | None = None, plugin_path: Path | None = None):
+                 env: dict | None = None, plugin_path: Path | None = None, nodes: int = 1):
         self.model = model
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        recipe = load_recipe()
+        serve_args = cpu_multi_node_args(recipe) if nodes == 2 else cpu_serve_args(recipe)
         self.cmd = ([str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                     "--host", "127.0.0.1", "--port", str(self.port)] + cpu_serve_args(load_recipe()) + list(extra_args))
+                     "--host", "127.0.0.1", "--port", str(self.port)] + serve_args + list(extra_args))
+        variant_env = {**recipe["cpu-variant"]["env"], **(recipe["cpu-variant"]["multi-node"]["env"] if nodes == 2 else {})}
         # `env` overrides the recipe's; a None value unsets the variable
-        env = {**os.environ, **{k: str(v) for k, v in load_recipe()["cpu-variant"]["env"].items()},
-               **worker_threads(self.cmd), **(env or {})}
+        env = {**os.environ, **{k: str(v) for k, v in variant_env.items()}, **worker_threads(self.cmd), **(env or {})}
         self.env = {k: v for k, v in env.items() if v is not None}
-        if plugin_path is not None:
-            self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_path), os.environ.get("PYTHONPATH")]))
+        # the TEST-ONLY Ray device stand-in comes first, so that every process of the nodes imports it
+        paths = [str(ray_nodes.STAND_IN)] if nodes == 2 else []
+        paths += [str(plugin_path)] if plugin_path is not None else []
+        if paths:
+            self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
+        self.ray_nodes = None
+        if nodes == 2:
+            self.ray_nodes = ray_nodes.RayNodes(venv, self.env, free_port(), log.with_name(log.stem + "-ray.log"))
+            self.env["RAY_ADDRESS"] = self.ray_nodes.address
+        elif nodes != 1:
+            raise ValueError(f"nodes: expected 1 or 2 (the recipe's two-node variant), found {nodes}")
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = START_TIMEOUT) -> "CpuServer":
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        if self.ray_nodes is not None:
+            self.ray_nodes.start()
         with open(self.log, "wb") as log:
             log.write((" ".join(self.cmd) + "\n").encode())
             log.flush()
@@ -213,6 +230,7 @@ class CpuServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"server exited with {self.proc.returncode} before it was ready; log "
                                    f"{self.log}:\n{self.tail()}")
             try:
@@ -227,14 +245,15 @@ class CpuServer:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(STOP_TIMEOUT)
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(STOP_TIMEOUT)
+        if self.ray_nodes is not None:
+            self.ray_nodes.stop()
 
     def __enter__(self):
         return self.start()
@@ -244,10 +263,10 @@ class CpuServer:
 
 
 def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: int | None = None,
-             env: dict | None = None, max_model_len: int | None = None) -> CpuServer:
+             env: dict | None = None, max_model_len: int | None = None, nodes: int = 1) -> CpuServer:
     """venv built, fix pack applied, port installed, tiny Inkling written (`presharded_tp`: with its
     pre-sharded layout for that many ranks; `max_model_len`: a context beyond the recipe's, the model's
-    positions to match; `env`: as CpuServer's): a server ready to start."""
+    positions to match; `env`, `nodes`: as CpuServer's): a server ready to start."""
     venv = server_venv()
     print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
     plugin = port_install(venv)
@@ -258,7 +277,7 @@ def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: i
         model = tiny_model(venv, plugin)
     if presharded_tp:
         model = presharded_model(venv, plugin, model, presharded_tp)
-    return CpuServer(venv, model, log, extra_args, port, env=env, plugin_path=plugin)
+    return CpuServer(venv, model, log, extra_args, port, env=env, plugin_path=plugin, nodes=nodes)
 
 
 # The gates this server cannot judge, accepted as skips by `gates` (unless --allow-skip is given):
@@ -339,6 +358,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
                         help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
     parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
+    parser.add_argument("--nodes", type=int, choices=[1, 2], default=1,
+                        help="2: the recipe's two-node variant on this machine, two Ray nodes on loopback addresses and "
+                             "vLLM's Ray executor, at TP 2 x PP 2 (one stage per node; tools/ray_nodes.py)")
     own, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     # the command, then the mode when given (quick by default), taken by place: an optional positional
     # would take the value of an option we do not know (--max-num-seqs 4) on some Python versions
@@ -353,11 +375,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
 
 def main(argv=None) -> int:
     args, gate_args, vllm_args = parse_args(sys.argv[1:] if argv is None else list(argv))
-    extra = parallel_args(args.tensor_parallel_size, args.pipeline_parallel_size) + vllm_args
+    sizes = (args.tensor_parallel_size, args.pipeline_parallel_size)
+    if args.nodes == 2 and sizes != (2, 2):
+        print(f"cpu_server: --nodes 2 serves the recipe's two-node variant at TP 2 x PP 2 (one stage per node); "
+              f"found TP {sizes[0]} x PP {sizes[1]}", file=sys.stderr)
+        return 2
+    extra = (parallel_args(*sizes) if args.nodes == 1 else []) + vllm_args
     extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
     context = args.max_model_len or (LONG_GATES_CONTEXT if args.command == "gates" and args.mode == "long" else None)
-    server = prepared(log, extra, args.port, max_model_len=context)
+    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes)
     with server:
         print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
         if args.command == "serve":

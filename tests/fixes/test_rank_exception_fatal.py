@@ -12,6 +12,12 @@ Failure after the all-reduce (sync scheduling):
   pristine: the call and the next step succeed; the error is lost and the executor carries on.
   patched: the error reaches the caller by the next step at the latest; the executor is failed.
 
+A lost Ray node (vLLM's RayExecutorV2 on two Ray nodes of this machine, TP 2 x PP 2; the reply rank's node
+killed mid-step):
+  pristine: Ray's monitor marks the executor failed, but the call waits for the dead rank's TCP reply until
+  VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
+  patched: the call fails within seconds of the monitor, naming the rank it was waiting for.
+
 Each scenario runs in its own process (rank_exception_fatal_support/run_scenario.py) with
 PYTHONPATH=<vllm tree>:tests/fixes, under a hard timeout.
 """
@@ -122,3 +128,52 @@ def test_failure_after_collective(trees, model_dir):
     assert any(FAILURE_MARKER in error and "rank 1" in error for error in errors), patched
     assert patched["is_failed_after_follow_up"] is True, patched
     assert all(patched[call]["seconds"] < FAIL_FAST_SECONDS for call in ("failing", "follow_up"))
+
+
+# A lost node: vLLM's RayExecutorV2 on two Ray nodes of this machine (tools/ray_nodes.py), the second
+# lost while a step is in flight (rank_exception_fatal_support/ray_node_lost.py).
+RAY_NODE_LOST = FIXES_DIR / "rank_exception_fatal_support" / "ray_node_lost.py"
+# The call has run this long when the node goes (ray_node_lost.IN_FLIGHT_AFTER_SECONDS).
+IN_FLIGHT_SECONDS = 2
+# Ray's worker monitor looks every 5 s; the patched caller then stops within its 1-s slice.
+NODE_LOSS_SECONDS = 15
+REPO = FIXES_DIR.parents[1]
+
+
+def run_node_lost(tree: Path, model_dir: Path, log: Path) -> dict:
+    from tools.ray_nodes import STAND_IN
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "RAY_"))}
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
+               VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=str(EXECUTE_TIMEOUT_SECONDS),
+               PYTHONPATH=os.pathsep.join(map(str, [STAND_IN, tree, FIXES_DIR, REPO])))
+    proc = subprocess.run([sys.executable, str(RAY_NODE_LOST), str(model_dir), str(log)], env=env,
+                          capture_output=True, text=True, timeout=PROCESS_TIMEOUT_SECONDS)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"ray_node_lost.py on {tree} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    print(f"{tree.name} ray node lost: {json.dumps(result)}")
+    return result
+
+
+@pytest.mark.pristine
+def test_a_lost_ray_node_ends_the_call_in_flight(trees, model_dir, tmp_path):
+    """The reply rank's node dies mid-step. Ray's monitor marks the executor failed within seconds, but the
+    pristine caller keeps reading the dead rank's TCP queue until VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (the
+    page's 5400 s). Patched, the call fails once the executor is marked failed, naming the rank."""
+    pristine = run_node_lost(trees["pristine"], model_dir, tmp_path / "pristine-ray.log")
+    patched = run_node_lost(trees["patched"], model_dir, tmp_path / "patched-ray.log")
+    for result in (pristine, patched):
+        # the reply rank's TP group is ranks 2 and 3: (2 + 1) + (3 + 1)
+        assert result["healthy"]["outcome"] == "returned" and result["healthy"]["value"] == 7.0, result
+        assert result["output_rank"] == 2, result     # TP 0 of the last stage: on the node that goes
+        assert sorted(result["placement"].values()) == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2, result
+        assert result["is_failed"] is True, result    # the monitor saw the workers go, in both
+
+    in_flight = pristine["in_flight"]
+    assert in_flight["error_type"] == "TimeoutError", pristine
+    assert in_flight["seconds"] >= EXECUTE_TIMEOUT_SECONDS - IN_FLIGHT_SECONDS - 0.5, pristine
+
+    in_flight = patched["in_flight"]
+    assert in_flight["error_type"] == "RuntimeError" and in_flight["seconds"] < NODE_LOSS_SECONDS, patched
+    assert "Executor failed while waiting for rank 2's reply to execute_model" in in_flight["error"], patched

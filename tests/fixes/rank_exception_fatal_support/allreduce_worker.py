@@ -6,6 +6,8 @@ The CPU platform spawns the workers, which import this class by name
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -29,14 +31,17 @@ class AllReduceWorker(WorkerBase):
             local_rank=self.local_rank,
             backend="gloo",
         )
-        ensure_model_parallel_initialized(self.parallel_config.tensor_parallel_size, 1)
+        ensure_model_parallel_initialized(self.parallel_config.tensor_parallel_size,
+                                          self.parallel_config.pipeline_parallel_size)
 
     def load_model(self) -> None:
         pass
 
     def execute_model(self, plan: dict) -> float:
-        """`plan` stands in for the SchedulerOutput: {"fail_rank": r, "fail_when": "before"|"after"}.
+        """`plan` stands in for the SchedulerOutput: {"fail_rank": r, "fail_when": "before"|"after",
+        "sleep_seconds": s}.
         Returns the sum of (rank + 1) over the TP group: 3.0 with two ranks."""
+        time.sleep(plan.get("sleep_seconds", 0))   # a long step: the call stays in flight
         failing = plan.get("fail_rank") == self.rank
         if failing and plan.get("fail_when") == "before":
             raise ValueError(f"{FAILURE_MARKER}: rank {self.rank} raised before the all-reduce")
