@@ -1,7 +1,11 @@
 """Inkling port through vLLM's own executor at tensor-parallel 1, tensor-parallel 2 and pipeline-parallel
 2, side by side in one run: start-up time, steady decode tokens/s, and the bytes each worker read.
 
-    python -m benchmarks.parallel_serving [--runs 3] [--configs tp1,tp2,pp2,tp2xpp2]
+    python -m benchmarks.parallel_serving [--runs 3] [--configs tp1,tp2,pp2,tp2xpp2,tp2xpp2-ray]
+
+tp2xpp2-ray is the two-node variant on this machine (tools/ray_nodes.py: two Ray nodes, vLLM's Ray executor);
+its start-up includes starting the two Ray nodes. `--configs tp2xpp2,tp2xpp2-ray` compares it with the mp
+executor at the same sizes.
 
 The real vLLM 0.30.0 CPU server (tools/cpu_server.py: fix pack applied, the port's plugin, the recipe's CPU
 flags) on the tiny random Inkling, one server per configuration and run, configurations alternated:
@@ -27,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "tp2xpp2": (2, 2)}
+# name -> (tensor-parallel, pipeline-parallel, Ray nodes; 1: the mp executor)
+CONFIGS = {"tp1": (1, 1, 1), "tp2": (2, 1, 1), "pp2": (1, 2, 1), "tp2xpp2": (2, 2, 1), "tp2xpp2-ray": (2, 2, 2)}
 PROMPT = list(range(100, 164))
 DECODE_TOKENS = 128
 
@@ -85,30 +90,32 @@ def main(argv=None) -> int:
     for run in range(args.runs):
         for name in names:
             log = REPO / "build" / "cpu-server" / f"bench-parallel-{name}-{run}.log"
-            server = cpu_server.CpuServer(venv, model, log, cpu_server.parallel_args(*CONFIGS[name]), plugin_path=plugin)
+            tp, pp, nodes = CONFIGS[name]
+            server = cpu_server.CpuServer(venv, model, log, cpu_server.parallel_args(tp, pp) if nodes == 1 else [],
+                                          plugin_path=plugin, nodes=nodes)
             print(f"running: {name}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
             start = time.perf_counter()
             with server:      # __enter__ starts it and waits for /v1/models
                 results[name].append(measure(server, time.perf_counter() - start))
-    print(f"\nreal vLLM 0.30.0 CPU server (mp executor, gloo), tiny random Inkling (4 layers, hidden 128), "
+    print(f"\nreal vLLM 0.30.0 CPU server (mp executor, gloo; -ray: Ray executor), tiny random Inkling (4 layers, hidden 128), "
           f"2 cores; medians of {args.runs} runs, configurations alternated\n")
-    header = (f"{'config':<10}{'workers':>8}{'start-up s':>12}{'decode tok/s':>14}{'8 streams tok/s':>17}"
+    header = (f"{'config':<12}{'workers':>8}{'start-up s':>12}{'decode tok/s':>14}{'8 streams tok/s':>17}"
               f"{'MB per worker':>15}{'MB all workers':>16}")
     print(header + "\n" + "-" * len(header))
     medians = {}
     for name, runs in results.items():
         med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         medians[name] = med
-        print(f"{name:<10}{med['workers']:>8.0f}{med['startup_s']:>12.1f}{med['decode_tok_s']:>14.1f}"
+        print(f"{name:<12}{med['workers']:>8.0f}{med['startup_s']:>12.1f}{med['decode_tok_s']:>14.1f}"
               f"{med['batch_tok_s']:>17.1f}{med['max_bytes_per_worker'] / 1e6:>15.2f}{med['sum_bytes'] / 1e6:>16.2f}")
-    base = medians.get("tp1")
-    if base:
-        for name, med in medians.items():
-            if name != "tp1":
-                print(f"{name} vs tp1: start-up {med['startup_s'] / base['startup_s']:.2f}x, decode "
-                      f"{med['decode_tok_s'] / base['decode_tok_s']:.2f}x, 8 streams "
-                      f"{med['batch_tok_s'] / base['batch_tok_s']:.2f}x, bytes per worker "
-                      f"{med['max_bytes_per_worker'] / base['max_bytes_per_worker']:.2f}x")
+    pairs = [(name, "tp1") for name in medians if name != "tp1" and "tp1" in medians]
+    pairs += [("tp2xpp2-ray", "tp2xpp2")] if {"tp2xpp2", "tp2xpp2-ray"} <= set(medians) else []
+    for name, other in pairs:
+        med, base = medians[name], medians[other]
+        print(f"{name} vs {other}: start-up {med['startup_s'] / base['startup_s']:.2f}x, decode "
+              f"{med['decode_tok_s'] / base['decode_tok_s']:.2f}x, 8 streams "
+              f"{med['batch_tok_s'] / base['batch_tok_s']:.2f}x, bytes per worker "
+              f"{med['max_bytes_per_worker'] / base['max_bytes_per_worker']:.2f}x")
     return 0
 
 

@@ -33,3 +33,14 @@ def test_an_allowed_skip_adds_to_the_cpu_server_s_own():
         "--only", "smoke,preflight", "--allow-skip", f"{CPU_SERVER_SKIPS['quick']},smoke"]
     assert with_cpu_server_skips(["--allow-skip=needles-long"], "long") == ["--allow-skip", "needles-long"]
     assert with_cpu_server_skips([], "quick") == ["--allow-skip", CPU_SERVER_SKIPS["quick"]]
+
+
+def test_two_nodes_take_the_two_node_variant_s_sizes_or_refuse(capsys):
+    # make gates NODES=2 TP=2 PP=2
+    args, _, _ = parse_args(["gates", "quick", "--tp", "2", "--pp", "2", "--nodes", "2", "--"])
+    assert (args.nodes, args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 2, 2)
+    # make gates NODES=2 (TP and PP left at 1): refused before anything starts, saying what it needs
+    from tools.cpu_server import main
+
+    assert main(["gates", "quick", "--tp", "1", "--pp", "1", "--nodes", "2", "--"]) == 2
+    assert "TP 2 x PP 2 (one stage per node); found TP 1 x PP 1" in capsys.readouterr().err

@@ -67,7 +67,7 @@ def test_recipe_matches_the_published_launch_block():
 
 
 # --- the launch rendered from the recipe (recipes/launch.py) ----------------------------------------
-from recipes.launch import (cpu_serve_args, docker_run, launch_block, multi_node_block,  # noqa: E402
+from recipes.launch import (cpu_multi_node_args, cpu_ray_start, cpu_serve_args, docker_run, launch_block, multi_node_block,  # noqa: E402
                             multi_node_serve, serve_command)
 
 SERVE_FLAGS_ARE_PARSED = r'''
@@ -160,6 +160,11 @@ def test_the_pages_flags_pass_vllms_own_argument_parser(vllm_src):
     assert proc.returncode == 0, proc.stderr[-3000:]
     cpu = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (cpu["max_model_len"], cpu["prompt_tokens_details"], cpu["prefix_caching"]) == (4096, True, True), cpu
+    # the CPU variant at the two-node sizes, through Ray (tools/cpu_server.py --nodes 2)
+    proc = _parse_with_vllm(vllm_src, ["--model", "tiny"] + cpu_multi_node_args(RECIPE))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two_nodes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert two_nodes == {**cpu, "tp": 2, "pp": 2, "backend": "ray"}, two_nodes
     # the parser can refuse: a flag vLLM 0.30.0 does not have
     proc = _parse_with_vllm(vllm_src, argv[2:] + ["--max-num-sequences", "16"])
     assert proc.returncode == 2 and "unrecognized arguments: --max-num-sequences" in proc.stderr, proc.stderr[-500:]
@@ -376,3 +381,50 @@ def test_every_other_env_variable_is_read_somewhere(vllm_src, vllm_gaudi_src):
         readers = (_vllm_readers(vllm_src, name) + _readers(vllm_gaudi_src / "vllm_gaudi", name)
                    + _readers(port / "inkling_hpu", name) + _readers(REPO / "fixes", name, "*.patch"))
         assert readers, f"{name} is set by the recipe but read by nothing: add it to unread-env"
+
+
+CPU_MULTI = RECIPE["cpu-variant"]["multi-node"]
+
+
+def test_the_cpu_rehearsal_of_two_nodes_renders_what_tools_ray_nodes_runs(capsys):
+    """`recipes.launch multi-node --cpu`: the CPU variant's env, the TEST-ONLY stand-in on PYTHONPATH before
+    `ray start`, the two `ray start` lines tools/ray_nodes.py runs (head then second node, on their
+    loopback addresses, two GPU slots each), then the server through Ray at TP 2 x PP 2."""
+    from recipes.launch import main
+
+    main(["multi-node", "--cpu"])
+    block = capsys.readouterr().out
+    lines = block.splitlines()
+    head, second = (shlex.join(cpu_ray_start(RECIPE, node)) for node in (0, 1))
+    stand_in = next(i for i, line in enumerate(lines) if "ray_standin" in line)
+    assert lines.index(head) < lines.index(second) and stand_in < lines.index(head), block
+    assert all(f"export {k}={v}" in lines for k, v in {**RECIPE["cpu-variant"]["env"], **CPU_MULTI["env"]}.items())
+    assert "--head" in head and "--node-ip-address=127.0.0.2" in head and "--num-gpus=2" in head
+    assert "--address=127.0.0.2:6379" in second and "--node-ip-address=127.0.0.3" in second
+    assert f"export RAY_ADDRESS=127.0.0.2:{MULTI['ray']['port']}" in lines
+    served = " ".join(line.rstrip(" \\") for line in lines[lines.index(f"export RAY_ADDRESS=127.0.0.2:6379") + 1:])
+    assert served.endswith("--tensor-parallel-size 2 --pipeline-parallel-size 2 --distributed-executor-backend ray")
+
+
+def test_the_ray_stand_in_stays_out_of_the_image_and_the_page_s_launch():
+    assert "tools/ray_standin" in (REPO / ".dockerignore").read_text().splitlines()
+    for block in (launch_block(RECIPE), multi_node_block(RECIPE), docker_run(RECIPE)):
+        assert "ray_standin" not in block
+
+
+def test_the_cpu_rehearsal_installs_the_ray_the_recipe_names():
+    package = MULTI["ray"]["package"]
+    assert package in (REPO / "tools" / "server_env.sh").read_text()
+    assert package in (REPO / "requirements" / "test.txt").read_text().splitlines()
+
+
+def test_the_ray_stand_in_gives_vllm_s_cpu_platform_a_ray_device(vllm_src):
+    """vLLM 0.30.0's CPU platform has no Ray device; with tools/ray_standin on PYTHONPATH it has "GPU"."""
+    script = "from vllm.platforms.cpu import CpuPlatform; print(repr(CpuPlatform.ray_device_key))"
+    keys = []
+    for path in ([str(vllm_src)], [str(REPO / CPU_MULTI["stand-in"]), str(vllm_src)]):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(path), "VLLM_TARGET_DEVICE": "cpu"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        keys.append(proc.stdout.strip().splitlines()[-1])
+    assert keys == ["''", "'GPU'"]

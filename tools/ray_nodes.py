@@ -71,7 +71,9 @@ class RayNodes:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         try:
             for node in range(len(self.addresses)):
-                argv = cpu_ray_start(self.recipe, node, self.port, self.temp_dir)
+                # a session folder per node: Ray's log monitor of a node forwards every worker log under its
+                # folder, so a shared one would print each worker's lines twice
+                argv = cpu_ray_start(self.recipe, node, self.port, f"{self.temp_dir}/{node}")
                 with open(self.log, "a") as log:
                     log.write("$ " + " ".join(argv) + "\n")
                     log.flush()

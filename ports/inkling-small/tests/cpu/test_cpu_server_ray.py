@@ -101,6 +101,9 @@ def test_each_node_holds_one_stage_s_tensor_parallel_pair(ray_server):
 
 def test_each_worker_reads_only_its_share(ray_server):
     assert_workers_read_their_share(ray_server, 2, 2)
+    # each worker's line reaches the server log once (a node's log monitor forwards its own session's logs)
+    done = re.findall(r"Inkling loading, [^\n]*\(100%\)", ray_server.log.read_text())
+    assert len(done) == 4, done
 
 
 def test_quick_gates_that_need_no_trained_model_pass(ray_server):
