@@ -158,8 +158,11 @@ def cpu_ray_start(recipe: dict, node: int, port: int | None = None, temp_dir: st
 
 def cpu_multi_node_args(recipe: dict) -> list[str]:
     """The CPU variant's api_server flags at the two-node variant's sizes, through vLLM's Ray executor."""
-    return cpu_serve_args(recipe) + [part for arg in recipe["cpu-variant"]["multi-node"]["parallel"]
-                                     for part in arg.split("=", 1)]
+    return [part for arg in _cpu_multi_node_flags(recipe) for part in arg.split("=", 1)]
+
+
+def _cpu_multi_node_flags(recipe: dict) -> list[str]:
+    return recipe["cpu-variant"]["serve"] + recipe["cpu-variant"]["multi-node"]["parallel"]
 
 
 def cpu_multi_node_block(recipe: dict) -> str:
@@ -177,21 +180,9 @@ def cpu_multi_node_block(recipe: dict) -> str:
               "", "# node 0: Ray head", shlex.join(cpu_ray_start(recipe, 0)),
               "# node 1: the second Ray node", shlex.join(cpu_ray_start(recipe, 1)),
               "", f"# the server, once `ray status --address {head}` lists 4 GPU",
-              f"export RAY_ADDRESS={head}",
-              'python3 -m vllm.entrypoints.openai.api_server --model "${MODEL:?}" --host 127.0.0.1 --port 8000 \\']
-    flags = _flag_lines([f"{a}={b}" if b else a for a, b in _pairs(cpu_multi_node_args(recipe))])
-    return "\n".join(lines + [f + " \\" for f in flags[:-1]] + flags[-1:])
-
-
-def _pairs(argv: list[str]) -> list[tuple[str, str]]:
-    """`--flag value` argv -> (flag, value) pairs ('' for a flag without a value)."""
-    pairs = []
-    for arg in argv:
-        if arg.startswith("--"):
-            pairs.append((arg, ""))
-        else:
-            pairs[-1] = (pairs[-1][0], arg)
-    return pairs
+              f"export RAY_ADDRESS={head}"]
+    server = 'python3 -m vllm.entrypoints.openai.api_server --model "${MODEL:?}" --host 127.0.0.1 --port 8000'
+    return "\n".join(lines + _serve_lines([server, *_cpu_multi_node_flags(recipe)]))
 
 
 def main(argv=None) -> int:

@@ -29,19 +29,19 @@ class RayNodesError(RuntimeError):
     """A Ray node did not start, or the cluster does not show both nodes."""
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of `pid` (from /proc)."""
-    parents: dict[int, list[int]] = {}
+def _with_descendants(pids: list[int]) -> list[int]:
+    """`pids` and every process under them (one read of /proc)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else None
         except (OSError, IndexError, ValueError):
             continue
         if ppid is not None:
-            parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = list(pids), list(pids)
     while todo:
-        for child in parents.get(todo.pop(), []):
+        for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
     return found
@@ -133,7 +133,7 @@ class RayNodes:
         raylet = self._raylet(self.addresses[node])
         if raylet is None:
             raise RayNodesError(f"no raylet for {self.addresses[node]} under {self.temp_dir}")
-        pids = [raylet, *_children(raylet)]
+        pids = _with_descendants([raylet])
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -146,7 +146,7 @@ class RayNodes:
         if not self.temp_dir:
             return
         roots = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and self.temp_dir in _cmdline(int(e.name))]
-        pids = [p for root in roots for p in (root, *_children(root))]
+        pids = _with_descendants(roots)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in pids:
                 try:
