@@ -12,7 +12,7 @@ from pathlib import Path
 
 import docker
 
-from cookbook import api
+from cookbook import api, series
 from cookbook.profiles import REPO_ROOT, Profile
 from cookbook.upstream import CACHE_ROOT
 
@@ -27,29 +27,39 @@ _UNPACK = ("import io, sys, tarfile; t = tarfile.open(fileobj=io.BytesIO(sys.std
            "t.extractall('/tmp/cookbook-probe', **k)")
 _PROBE_SCRIPT = f'python3 -c "{_UNPACK}" && PYTHONPATH=/tmp/cookbook-probe exec python3 -B -m cookbook.probe "$1"'
 PROBE_CACHE = CACHE_ROOT / "probes"
+TARGETS_FILE = "targets.json"   # in the payload: a content manifest is too long for one argument
 
 
-def payload() -> bytes:
-    """The probe's modules as an uncompressed tar (reproducible: fixed names, order and times)."""
+def _targets(profile: Profile) -> dict:
+    """What the probe is asked about each target; a content pin's manifest goes with it (blobs, and the
+    files it does not compare), for a build that records no commit."""
+    targets = {}
+    for name, pin in profile.targets.items():
+        targets[name] = pin.as_probe_spec()
+        if pin.content is not None:
+            targets[name]["content"] = {"blobs": pin.content.blobs(), "skip": sorted(series.content_skip(profile, name))}
+    return targets
+
+
+def payload(profile: Profile) -> bytes:
+    """The probe's modules and the targets' JSON (TARGETS_FILE) as an uncompressed tar (reproducible: fixed
+    names, order and times)."""
+    files = [(f"cookbook/{name}", (REPO_ROOT / "cookbook" / name).read_bytes()) for name in PROBE_MODULES]
+    files.append((TARGETS_FILE, json.dumps(_targets(profile), sort_keys=True).encode()))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in PROBE_MODULES:
-            data = (REPO_ROOT / "cookbook" / name).read_bytes()
-            info = tarfile.TarInfo(f"cookbook/{name}")
+        for name, data in files:
+            info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
-def _targets(profile: Profile) -> dict:
-    return {name: pin.as_probe_spec() for name, pin in profile.targets.items()}
-
-
 def probe_image(client: docker.DockerClient, image: str, profile: Profile, timeout: int = 300) -> dict:
     """What the image really contains, for the profile's targets (cookbook.probe's JSON)."""
     get_image(client, image)
-    status, out, err = run_with_stdin(client, image, [_PROBE_SCRIPT, "probe", json.dumps(_targets(profile))],
-                                      payload(), timeout, tmpfs={"/tmp": "rw,size=64m"})
+    status, out, err = run_with_stdin(client, image, [_PROBE_SCRIPT, "probe", f"@/tmp/cookbook-probe/{TARGETS_FILE}"],
+                                      payload(profile), timeout, tmpfs={"/tmp": "rw,size=64m"})
     if status != 0:
         raise BaseRefused(f"the probe could not run in {image!r} (exit {status}); the image needs "
                           f"python3 and sh. Its output:\n{(out + err).strip()[-3000:]}")
@@ -62,7 +72,7 @@ def probe_image(client: docker.DockerClient, image: str, profile: Profile, timeo
 def _cache_path(image_id: str, profile: Profile) -> Path:
     """An image id is the digest of the image's config, which names every layer's content: the same
     id is the same files. The key also covers exactly what the probe runs and the targets asked about."""
-    key = hashlib.sha256(payload() + json.dumps(_targets(profile), sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(payload(profile)).hexdigest()
     return PROBE_CACHE / f"{image_id.split(':')[-1][:32]}-{key[:16]}.json"
 
 

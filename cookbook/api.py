@@ -89,9 +89,12 @@ def check_probe(profile: Profile, probe_result: dict) -> list[str]:
         if not found or not found.get("root"):
             problems.append(f"{target}: package {pin.package} is not installed (expected {pin.commit}, {pin.ref})")
             continue
-        if not pin.matches(found.get("commit")):
+        commit, how = found.get("commit"), found.get("how")
+        if commit is None and pin.content is not None and "content_differing" in found:
+            commit, how = series.content_verdict(pin, found["content_differing"])  # a build with no commit
+        if not pin.matches(commit):
             problems.append(f"{target}: expected commit {pin.commit} ({pin.ref}), installed code is "
-                            f"{found.get('commit') or 'unidentified'} ({found.get('how')})")
+                            f"{commit or 'unidentified'} ({how})")
         checkout = found.get("checkout_commit")
         if checkout and not pin.matches(checkout):
             problems.append(f"{target}: expected commit {pin.commit}, checkout {found.get('checkout')} is at {checkout}")

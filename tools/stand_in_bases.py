@@ -282,7 +282,11 @@ def _tree_members(tree: Path, arcname: str) -> list[tuple[Path, str]]:
     return members
 
 
-def import_base(stage: Path, tag: str) -> None:
+# Where the stock image's checkouts are (its Dockerfile's ENV).
+STOCK_ENV = {"VLLM_PATH": "/workspace/vllm-project", "VLLM_PATH2": "/workspace/vllm-gaudi"}
+
+
+def import_base(stage: Path, tag: str, env: dict = STOCK_ENV) -> None:
     """One `docker import` of the Debian root filesystem plus the staged trees: a single layer and
     no intermediate containers (each of those is a full copy with the vfs storage driver)."""
     added = (_tree_members(stage / "workspace", "./workspace")
@@ -305,8 +309,8 @@ def import_base(stage: Path, tag: str) -> None:
                 else:
                     out.addfile(info)
         combined.flush()
-        _run(["docker", "import", "--change", "ENV VLLM_PATH=/workspace/vllm-project",
-              "--change", "ENV VLLM_PATH2=/workspace/vllm-gaudi", combined.name, tag], timeout=900)
+        changes = [arg for name, value in env.items() for arg in ("--change", f"ENV {name}={value}")]
+        _run(["docker", "import", *changes, combined.name, tag], timeout=900)
 
 
 def build_base(client: docker.DockerClient, vllm_tree: Path, tag: str,

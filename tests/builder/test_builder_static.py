@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import yaml
 
 from builder import image, probe
 from cookbook import api
+from cookbook.profiles import load_profile
 from tools import stand_in_bases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,17 +49,25 @@ def test_stock_dockerfile_args_come_from_the_profile():
 
 
 def test_probe_payload_is_what_the_probe_runs_and_nothing_else():
-    """The payload (and so the probe cache's key) is the probe and the modules it imports: an edit
-    to the CLI or the series does not drop the cached probes."""
-    with tarfile.open(fileobj=io.BytesIO(probe.payload())) as tar:
+    """The payload (and so the probe cache's key) is the probe, the modules it imports and the targets asked
+    about (with the profile's content manifest): an edit to the CLI or the series does not drop the cached probes."""
+    profile = load_profile("v0.30.0")
+    with tarfile.open(fileobj=io.BytesIO(probe.payload(profile))) as tar:
         names = tar.getnames()
-    assert names == ["cookbook/__init__.py", "cookbook/probe.py", "cookbook/sources.py", "cookbook/gitcmd.py"]
+        targets = json.load(tar.extractfile(probe.TARGETS_FILE))
+    assert names == ["cookbook/__init__.py", "cookbook/probe.py", "cookbook/sources.py", "cookbook/gitcmd.py",
+                     probe.TARGETS_FILE]
+    content = targets["vllm"]["content"]
+    assert content["blobs"] == profile.targets["vllm"].content.blobs()
+    assert {"vllm/_version.py", "vllm/platforms/__init__.py", "vllm/v1/core/sched/scheduler.py"} <= set(content["skip"])
+    assert "content" not in targets["vllm-gaudi"]
+    names.remove(probe.TARGETS_FILE)
     imported = set()
     for name in names:
         text = (REPO / name).read_text()
         imported |= {m for pair in re.findall(r"^from \.(\w+) import|^from \. import (\w+)", text, re.M) for m in pair if m}
     assert {f"cookbook/{m}.py" for m in imported} <= set(names)
-    assert probe.payload() == probe.payload()  # reproducible: the cache key is stable
+    assert probe.payload(profile) == probe.payload(profile)  # reproducible: the cache key is stable
 
 
 def test_cli_help_documents_exit_codes():
