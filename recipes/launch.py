@@ -6,6 +6,7 @@ variant's server flags.
     python3 -m recipes.launch multi-node [RECIPE]     # two nodes: TP within a node, PP across, Ray
     python3 -m recipes.launch multi-node --cpu        # the same rehearsed on one CPU machine (two Ray nodes)
     python3 -m recipes.launch docker     [RECIPE] [--image IMAGE] [--hf-cache DIR]
+    python3 -m recipes.launch docker --cpu --image IMAGE --model-dir DIR [--port N]   # the port image on CPU
     python3 -m recipes.launch cpu        [RECIPE]     # the CPU variant's api_server arguments
 
 RECIPE defaults to recipes/thinkingmachines/Inkling-Small/recipe.yaml. Needs PyYAML only.
@@ -116,19 +117,45 @@ def multi_node_block(recipe: dict) -> str:
     return "\n".join(lines)
 
 
+def _container_script(recipe: dict, fix_step: str, serve: list[str]) -> str:
+    """The container's command: the fix step, then the server (exec'd: it receives `docker stop`'s SIGTERM),
+    its output in `docker logs` and in the recipe's server-log file inside the container."""
+    log = recipe["image"]["server-log"]
+    return (f"mkdir -p {shlex.quote(str(Path(log).parent))} && {fix_step} && "
+            f"exec {shlex.join(serve)} > >(tee -a {shlex.quote(log)}) 2>&1")
+
+
 def docker_run(recipe: dict, image: str = "<port image>", hf_cache: str = "$HOME/.cache/huggingface",
                name: str = "inkling-small") -> str:
     """A `docker run` line for one Gaudi node: the port image, every Gaudi card, the recipe's env,
     $COOKBOOK set, and the fix step then the server as the container's command (the entry point is
     bash, so an ENTRYPOINT inherited from the base image does not wrap it). Detached and named, with
-    no TTY: it runs from a script or CI, and its log stays with the container (`docker logs NAME`)."""
+    no TTY: it runs from a script or CI, and its log stays with the container (`docker logs NAME`, and the
+    recipe's server-log file inside it, for the gates run there)."""
     cookbook = recipe["image"]["cookbook-path"]
-    script = recipe["fix-step"].replace(" || exit 1", "") + " && exec " + shlex.join(serve_command(recipe))
+    script = _container_script(recipe, recipe["fix-step"].replace(" || exit 1", ""), serve_command(recipe))
     parts = [f"docker run -d --name {shlex.quote(name)} --runtime=habana -e HABANA_VISIBLE_DEVICES=all",
              "-e OMPI_MCA_btl_vader_single_copy_mechanism=none --cap-add=sys_nice --ipc=host --net=host",
              f"-e COOKBOOK={cookbook}"]
     parts += [f"-e {k}={shlex.quote(str(v))}" for k, v in recipe["env"].items()]
     parts += [f"-v {hf_cache}:/root/.cache/huggingface", f"--entrypoint /bin/bash {image}", "-c " + shlex.quote(script)]
+    return " \\\n  ".join(parts)
+
+
+def cpu_docker_run(recipe: dict, image: str, model_dir: str, port: int = 8000, name: str = "inkling-small-cpu") -> str:
+    """The port image serving on CPU: the `docker run` line of the CPU variant (recipe `cpu-variant.docker`).
+    Detached, named, no TTY, the host's network; the fix step with the CPU base's profile, then the
+    server on `model_dir` (mounted read-only), its output in the container's log file and `docker logs`."""
+    cookbook, docker = recipe["image"]["cookbook-path"], recipe["cpu-variant"]["docker"]
+    profiles = {"COOKBOOK_PROFILE": docker["profile"], "COOKBOOK_PORT_PROFILE": docker["port-profile"]}
+    env = {"COOKBOOK": cookbook, **profiles, **recipe["cpu-variant"]["env"]}
+    fix_step = recipe["fix-step"].replace(" || exit 1", "").replace(
+        f"--profile {recipe['profile']}", '--profile "$COOKBOOK/$COOKBOOK_PROFILE"')
+    serve = ["vllm", "serve", docker["model"], "--host", "127.0.0.1", "--port", str(port), *cpu_serve_args(recipe)]
+    script = _container_script(recipe, fix_step, serve)
+    parts = [f"docker run -d --name {shlex.quote(name)} --net=host --stop-timeout {docker['stop-timeout']}"]
+    parts += [f"-e {k}={shlex.quote(str(v))}" for k, v in env.items()]
+    parts += [f"-v \"{model_dir}\":{docker['model']}:ro", f"--entrypoint /bin/bash {image}", "-c " + shlex.quote(script)]
     return " \\\n  ".join(parts)
 
 
@@ -144,6 +171,11 @@ def cpu_serve_args(recipe: dict) -> list[str]:
     for arg in recipe["cpu-variant"]["serve"]:
         argv += arg.split("=", 1)
     return argv
+
+
+def cpu_flag(recipe: dict, name: str) -> str:
+    """The value the CPU variant's serve flags give `--name`."""
+    return dict(arg[2:].split("=", 1) for arg in recipe["cpu-variant"]["serve"] if "=" in arg)[name]
 
 
 def cpu_ray_start(recipe: dict, node: int, port: int | None = None, temp_dir: str | None = None) -> list[str]:
@@ -193,13 +225,19 @@ def main(argv=None) -> int:
     parser.add_argument("--hf-cache", default="$HOME/.cache/huggingface")
     parser.add_argument("--name", default="inkling-small", help="docker: the container's name (docker logs NAME)")
     parser.add_argument("--cpu", action="store_true",
-                        help="multi-node: the variant rehearsed on one CPU machine (two Ray nodes on loopback addresses)")
+                        help="multi-node: the variant rehearsed on one CPU machine (two Ray nodes on loopback addresses); "
+                             "docker: the port image serving on CPU (make rehearse)")
+    parser.add_argument("--model-dir", default="$PWD/model", help="docker --cpu: the checkpoint folder to mount and serve")
+    parser.add_argument("--port", type=int, default=8000, help="docker --cpu: the server's port on the host")
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
     if args.what == "block":
         print(cookbook_note(recipe) + "\n" + launch_block(recipe))
     elif args.what == "multi-node":
         print(cookbook_note(recipe) + "\n" + (cpu_multi_node_block(recipe) if args.cpu else multi_node_block(recipe)))
+    elif args.what == "docker" and args.cpu:
+        name = args.name if args.name != "inkling-small" else "inkling-small-cpu"
+        print(cpu_docker_run(recipe, args.image, args.model_dir, args.port, name))
     elif args.what == "docker":
         print(docker_run(recipe, args.image, args.hf_cache, args.name))
     else:

@@ -67,7 +67,7 @@ def test_recipe_matches_the_published_launch_block():
 
 
 # --- the launch rendered from the recipe (recipes/launch.py) ----------------------------------------
-from recipes.launch import (cpu_multi_node_args, cpu_ray_start, cpu_serve_args, docker_run, launch_block, multi_node_block,  # noqa: E402
+from recipes.launch import (cpu_docker_run, cpu_multi_node_args, cpu_ray_start, cpu_serve_args, docker_run, launch_block, multi_node_block,  # noqa: E402
                             multi_node_serve, serve_command)
 
 SERVE_FLAGS_ARE_PARSED = r'''
@@ -125,9 +125,30 @@ def test_docker_run_line_serves_the_recipe_on_gaudi():
     # the container runs bash -c SCRIPT: the fix step, then the serve command, whatever the base's ENTRYPOINT
     assert argv[argv.index("--entrypoint") + 1:argv.index("--entrypoint") + 4] == ["/bin/bash", "inkling-small:port", "-c"]
     script = argv[-1]
-    fix, serve = script.split(" && exec ")
-    assert fix + " || exit 1" == RECIPE["fix-step"]
-    assert shlex.split(serve) == serve_command(RECIPE)
+    log = RECIPE["image"]["server-log"]
+    prepare, fix, serve = script.split(" && ")
+    assert prepare == f"mkdir -p {Path(log).parent}" and fix + " || exit 1" == RECIPE["fix-step"]
+    serve, _, redirect = serve.partition(" > ")
+    assert shlex.split(serve) == ["exec", *serve_command(RECIPE)]
+    assert redirect == f">(tee -a {log}) 2>&1"   # docker logs, and the log file the gates read inside
+
+
+def test_the_cpu_docker_line_serves_the_port_image_on_the_cpu_variant():
+    line = cpu_docker_run(RECIPE, "inkling-small:cpu", "/srv/tiny", 8123)
+    argv = shlex.split(line.replace("\\\n", " "))
+    assert argv[:9] == ["docker", "run", "-d", "--name", "inkling-small-cpu", "--net=host", "--stop-timeout", "30", "-e"]
+    assert not {"-it", "-t", "-i", "--rm", "--runtime=habana"} & set(argv), argv
+    envs = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-e")
+    docker = RECIPE["cpu-variant"]["docker"]
+    assert envs == {"COOKBOOK": RECIPE["image"]["cookbook-path"], "COOKBOOK_PROFILE": docker["profile"],
+                    "COOKBOOK_PORT_PROFILE": docker["port-profile"], **RECIPE["cpu-variant"]["env"]}
+    assert argv[argv.index("-v") + 1] == f"/srv/tiny:{docker['model']}:ro"
+    script = argv[-1]
+    assert f'apply_all.py" --profile "$COOKBOOK/$COOKBOOK_PROFILE" {" ".join(RECIPE["opt-in-fixes"])}' in script
+    serve = shlex.split(script.split(" && exec ")[1].split(" > ")[0])
+    assert serve == ["vllm", "serve", docker["model"], "--host", "127.0.0.1", "--port", "8123", *cpu_serve_args(RECIPE)]
+    for profile in (docker["profile"], docker["port-profile"]):
+        assert (REPO / profile).is_file(), profile
 
 
 # What vLLM 0.30.0's parser makes of the page's serve flags (prefix_caching None: vLLM's default, on).

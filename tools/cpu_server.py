@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -137,17 +138,19 @@ def preflight_requirements(venv: Path) -> Path:
     return out
 
 
-def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[int, int] | None = None) -> Path:
+def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[int, int] | None = None,
+               vllm_path: Path | None = None) -> Path:
     """The tiny random Inkling, built once per version of tools/tiny_model.py and of the port (its
     weights come from the port's parity module). `experts`: (routed experts, per token) instead of
-    tiny_model.py's 8 and 2."""
+    tiny_model.py's 8 and 2. `vllm_path`: where vLLM is, for a venv without it (the test venv: the sdist)."""
     script = REPO / "tools" / "tiny_model.py"
     key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position} {experts}".encode()).hexdigest()[:12]
     out = CACHE_ROOT / f"tiny-inkling-{key}"
     if not (out / ".complete").exists():
         shape = ["--experts", str(experts[0]), "--top-k", str(experts[1])] if experts else []
         subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position),
-                        *shape], check=True, capture_output=True, timeout=900, env={**os.environ, "PYTHONPATH": str(port)})
+                        *shape], check=True, capture_output=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, filter(None, [port, vllm_path])))})
         (out / ".complete").touch()
     return out
 
@@ -167,6 +170,18 @@ def presharded_model(venv: Path, plugin: Path, model: Path, tensor_parallel: int
                        env={**os.environ, "PYTHONPATH": str(plugin)})
         (out / ".complete").touch()
     return out
+
+
+def completion_token_ids(base_url: str, prompt: list[int] | str, max_tokens: int,
+                         model: str = "tiny-inkling-stand-in") -> tuple[list[int], int]:
+    """(greedy completion token ids, cached prompt tokens) of one /v1/completions request to the server at base_url."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+                       "return_tokens_as_token_ids": True}).encode()
+    request = urllib.request.Request(base_url + "/v1/completions", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        out = json.load(response)
+    tokens = [int(t.split(":", 1)[1]) for t in out["choices"][0]["logprobs"]["tokens"]]
+    return tokens, out["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def free_port() -> int:

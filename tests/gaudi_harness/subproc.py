@@ -15,6 +15,8 @@ from typing import Iterable
 
 HARNESS_PARENT = Path(__file__).resolve().parent.parent  # the directory holding gaudi_harness/
 RESULT_MARK = "GAUDI_HARNESS_RESULT:"
+# The vLLM plugins the harness's entry points declare: vllm-gaudi's platform and its utilities.
+HARNESS_PLUGINS = ("hpu", "01.hpu_custom_utils")
 
 
 def harness_env(vllm_gaudi_root: Path, vllm_root: Path) -> dict[str, str]:
@@ -34,7 +36,9 @@ def harness_env(vllm_gaudi_root: Path, vllm_root: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     })
-    env.pop("VLLM_PLUGINS", None)
+    # Only the plugins the harness declares (entry_points/): where the port and vllm-gaudi are installed too
+    # (the port image), theirs would join, and the port is the code under test, put on the path by the caller.
+    env["VLLM_PLUGINS"] = ",".join(HARNESS_PLUGINS)
     return env
 
 

@@ -20,9 +20,16 @@ logger = logging.getLogger("vllm.inkling_hpu")   # vLLM's handler prints it
 _GAUDI_PLUGIN_FUNCTIONS = ("register_utils", "register_ops", "register_models")
 
 
+def _on_vllm_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def _register_vllm_gaudi_first() -> bool:
-    """Run vllm-gaudi's general plugins before ours, when vllm-gaudi is installed."""
-    if importlib.util.find_spec("vllm_gaudi") is None:
+    """Run vllm-gaudi's general plugins before ours, when vllm-gaudi is installed and the platform is not
+    vLLM's CPU platform (an image with vllm-gaudi serving on CPU: its plugins import Habana's modules)."""
+    if importlib.util.find_spec("vllm_gaudi") is None or _on_vllm_cpu_platform():
         return False
     import vllm_gaudi
 
@@ -32,12 +39,9 @@ def _register_vllm_gaudi_first() -> bool:
 
 
 def _model_target(with_gaudi: bool) -> str:
-    """The HPU glue, or the CPU glue on vLLM's CPU platform without vllm-gaudi."""
-    if not with_gaudi:
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            return registry_names.CPU_LAZY_TARGET
+    """The HPU glue, or the CPU glue on vLLM's CPU platform without vllm-gaudi's plugins."""
+    if not with_gaudi and _on_vllm_cpu_platform():
+        return registry_names.CPU_LAZY_TARGET
     return registry_names.LAZY_TARGET
 
 
@@ -118,4 +122,4 @@ def register() -> None:
 
     parsers.register()
     logger.debug("inkling_hpu registered %s -> %s (vllm-gaudi plugins %s)", registry_names.ARCHITECTURES,
-                 target, "run first" if with_gaudi else "not installed")
+                 target, "run first" if with_gaudi else "not run")

@@ -3,6 +3,8 @@ the repository the image carries (the cookbook library comes from there):
 
     cd /opt/gaudi-cookbook && python3 -m inkling_hpu.preflight [--profile P] [--port-profile P] [--model DIR] [--json]
 
+(--profile and --port-profile default to $COOKBOOK_PROFILE and $COOKBOOK_PORT_PROFILE, which install.sh reads too.)
+
 Checks, with the cookbook library the image carries: both commits are the profile's; the port's
 runner patches (the conv state in the KV page, the decode window) are in place (a dry run finds
 them already applied) and stamped; the KV layout the port declares for the published Inkling-Small
@@ -181,8 +183,12 @@ def run_cpu_tests() -> tuple[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default=DEFAULT_PROFILE)
-    parser.add_argument("--port-profile", default=PORT_PROFILE)
+    # Defaults from the variables install.sh reads: a container started with them (the CPU rehearsal's) is
+    # checked against the profiles its image was built with.
+    parser.add_argument("--profile", default=os.environ.get("COOKBOOK_PROFILE") or DEFAULT_PROFILE,
+                        help="the profile the image was built for (default $COOKBOOK_PROFILE, else " + DEFAULT_PROFILE + ")")
+    parser.add_argument("--port-profile", default=os.environ.get("COOKBOOK_PORT_PROFILE") or PORT_PROFILE,
+                        help="the port's series (default $COOKBOOK_PORT_PROFILE, else " + PORT_PROFILE + ")")
     parser.add_argument("--model", help="the checkpoint folder the server serves: its token ids are checked")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

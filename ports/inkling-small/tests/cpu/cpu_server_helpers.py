@@ -28,15 +28,7 @@ def run_gates(server: "cpu_server.CpuServer", mode: str, *args: str, env: dict |
 
 def completion_token_ids(server: "cpu_server.CpuServer", prompt: list[int], max_tokens: int) -> tuple[list[int], int]:
     """(greedy completion token ids, cached prompt tokens) of one /v1/completions request."""
-    import urllib.request
-
-    body = json.dumps({"model": "tiny-inkling-stand-in", "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "logprobs": 0, "return_tokens_as_token_ids": True}).encode()
-    request = urllib.request.Request(server.base_url + "/v1/completions", body, {"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        out = json.load(response)
-    tokens = [int(t.split(":", 1)[1]) for t in out["choices"][0]["logprobs"]["tokens"]]
-    return tokens, out["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return cpu_server.completion_token_ids(server.base_url, prompt, max_tokens)
 
 
 def rows(report: dict) -> dict[str, dict]:

