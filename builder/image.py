@@ -151,8 +151,8 @@ def make_image(base: str, tag: str, profile: Profile, port_profile: Profile, run
         stamps = _stamps_from_previous(client, tag, built.image_id) or read_stamps(client, built.image_id, profile)
     labels = labels_for(profile, found, stamps, base, base_image.id)
     labels[f"{LABEL_NS}.build.image"] = built.image_id
-    labelled = build(client, REPO_ROOT, "Dockerfile", tag, {"PARENT": built.image_id}, labels=labels,
-                     log=lambda line: None, fileobj=label_context(built.image_id))
+    labelled = build(client, REPO_ROOT, "Dockerfile", tag, {"PARENT": built.image_id},
+                     log=lambda line: None, fileobj=label_context(labels))
     log(f"labelled {tag} ({labelled.image_id[:19]}): {len(labels)} labels")
     return ImageResult(tag=tag, image_id=labelled.image_id, base=base, profile=profile.name, probe=found,
                        labels=labels, build_seconds=built.seconds + labelled.seconds,

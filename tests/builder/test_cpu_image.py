@@ -58,18 +58,46 @@ def test_the_docker_line_serves_the_tiny_inkling_with_transformers_tokens(contai
 
 
 def test_the_quick_gates_pass_inside_the_container(container):
+    """run_gates.sh quick inside the container (docker exec), against its own server and log: the preflight
+    row judged and passed, the model-independent gates passed on the server's real behaviour, the semantic
+    ones saying they need a trained model, and only the lengths beyond 4K skipped besides."""
     proc = container.gates("--json")
     print(proc.stdout[-6000:], proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    rows = {row["gate"]: row for row in json.loads(proc.stdout)["gates"]}
-    preflight = rows["preflight"]
+    report = json.loads(proc.stdout)
+    got = {row["gate"]: row for row in report["gates"]}
+    assert report["max_model_len"] == 4096 and report["stand_in"] is True, report
+    assert report["summary"].startswith("6 judged, 6 passed, 5 skipped (smoke: needs a trained model; "), report["summary"]
+    preflight = got["preflight"]
     assert preflight["passed"] is True, preflight
     for check in ("commits pass", "port runner patches pass", "stamp pass", "KV layout pass", "token ids pass",
                   "plugin pass", "parsers pass", "CPU tests pass"):
         assert check in preflight["result"], preflight
-    tally = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)", preflight["result"]))
+    tally = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (passed|skipped|failed|errors?)", preflight["result"]))
     assert tally.get("passed", 0) >= 400 and not tally.get("failed") and not tally.get("error"), preflight
-    assert rows["server-log"]["passed"] is True, rows["server-log"]   # read from the container's own log
+    # model-independent gates pass, on the server's real behaviour
+    for name in ("greedy", "logprobs", "prefix-cache", "overlong"):
+        assert got[name]["passed"] is True, f"{name}: expected pass, found {got[name]}"
+    assert "200/200 clean" in got["logprobs"]["result"]
+    assert "cached_tokens: cold 0-0, warm 3,9" in got["prefix-cache"]["result"], got["prefix-cache"]
+    assert "HTTP 400" in got["overlong"]["result"] and "max_model_len 4,096" in got["overlong"]["result"]
+    # semantic gates ran their requests and say they need a trained model
+    for name in ("smoke", "reasoning", "needles-short", "concurrent-needles"):
+        assert got[name]["passed"] is None and "needs a trained model" in got[name]["result"], got[name]
+    # lengths come from the server's max_model_len, and the table says which were used
+    assert "lengths 3,000; 6,000 not run" in got["needles-short"]["result"], got["needles-short"]
+    assert got["needles-mid"]["passed"] is None and "no length fits" in got["needles-mid"]["result"]
+    assert "prompts of 4,008 tokens" in got["concurrent-needles"]["result"]
+    # the port's start-up lines, from the runner's real KVCacheConfig, read from the container's own log file
+    assert got["server-log"]["passed"] is True, got["server-log"]
+    log = container.logs()
+    assert "Inkling KV cache: 1 KV group (FullAttentionSpecx4); KV pool: " in log
+    assert "Inkling decode window: 5 blocks (sliding window 512, block size 128)" in log
+    assert "5 vision/audio/MTP tensors left unread" in log
+    # the load's time is the port's own (vLLM's default loader would time it from boot), with progress
+    took = re.search(r"Loading weights took ([0-9.]+) seconds \(the port's text-only load\)", log)
+    assert took and float(took.group(1)) < 60, log[-3000:]
+    assert re.search(r"Inkling loading, rank 0 of 1: [0-9.]+ [MG]B of [0-9.]+ [MG]B \(100%\)", log), log[-3000:]
 
 
 def test_a_restart_reports_the_fixes_applied_and_serves_the_same_tokens(container):
