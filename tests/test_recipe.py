@@ -146,7 +146,8 @@ def test_the_cpu_docker_line_serves_the_port_image_on_the_cpu_variant():
     script = argv[-1]
     assert f'apply_all.py" --profile "$COOKBOOK/$COOKBOOK_PROFILE" {" ".join(RECIPE["opt-in-fixes"])}' in script
     serve = shlex.split(script.split(" && exec ")[1].split(" > ")[0])
-    assert serve == ["vllm", "serve", docker["model"], "--host", "127.0.0.1", "--port", "8123", *cpu_serve_args(RECIPE)]
+    assert serve == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", docker["model"], "--host",
+                     "127.0.0.1", "--port", "8123", *cpu_serve_args(RECIPE)]
     for profile in (docker["profile"], docker["port-profile"]):
         assert (REPO / profile).is_file(), profile
 
