@@ -156,7 +156,8 @@ def cpu_docker_run(recipe: dict, image: str, model_dir: str, port: int = 8000, n
     serve = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", docker["model"], "--host", "127.0.0.1",
              "--port", str(port), *cpu_serve_args(recipe)]
     script = _container_script(recipe, fix_step, serve)
-    parts = [f"docker run -d --name {shlex.quote(name)} --net=host --stop-timeout {docker['stop-timeout']}"]
+    # --ipc=host as on the node: vLLM's executor puts its message queue in /dev/shm (160 MiB; docker's default is 64)
+    parts = [f"docker run -d --name {shlex.quote(name)} --net=host --ipc=host --stop-timeout {docker['stop-timeout']}"]
     parts += [f"-e {k}={shlex.quote(str(v))}" for k, v in env.items()]
     parts += [f"-v \"{model_dir}\":{docker['model']}:ro", f"--entrypoint /bin/bash {image}", "-c " + shlex.quote(script)]
     return " \\\n  ".join(parts)

@@ -136,7 +136,8 @@ def test_docker_run_line_serves_the_recipe_on_gaudi():
 def test_the_cpu_docker_line_serves_the_port_image_on_the_cpu_variant():
     line = cpu_docker_run(RECIPE, "inkling-small:cpu", "/srv/tiny", 8123)
     argv = shlex.split(line.replace("\\\n", " "))
-    assert argv[:9] == ["docker", "run", "-d", "--name", "inkling-small-cpu", "--net=host", "--stop-timeout", "30", "-e"]
+    assert argv[:10] == ["docker", "run", "-d", "--name", "inkling-small-cpu", "--net=host", "--ipc=host", "--stop-timeout",
+                         "30", "-e"]
     assert not {"-it", "-t", "-i", "--rm", "--runtime=habana"} & set(argv), argv
     envs = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-e")
     docker = RECIPE["cpu-variant"]["docker"]

@@ -1,10 +1,11 @@
-"""The port at pipeline-parallel size 2, alone and with tensor-parallel size 2, through vLLM's own executor:
+"""The port at pipeline-parallel size 2 through vLLM's own executor:
 the real vLLM 0.30.0 CPU server (`mp` executor, one worker process per stage and rank, gloo), fix pack
 applied, the inkling_hpu plugin in every worker. Each stage holds the layers vLLM's get_pp_indices gives
 it (the first the embedding, the last the final norm and the head), reads only their tensors, keeps K/V
 and conv snapshots for them, and hands its hidden states to the next stage as IntermediateTensors.
 Greedy tokens equal transformers' Inkling (fp32): prompts of 1 to 6 blocks cold and on prefix-cache
-hits, and requests sharing prefixes in flight at once. One server per configuration, shared by its tests.
+hits, and requests sharing prefixes in flight at once. One server, shared by its tests. TP 2 x PP 2 is served
+through vLLM's Ray executor, as the page's two-node variant runs it (test_cpu_server_ray.py, the same checks).
 (In-process proofs that a broken hand-off or collective fails the same comparison: test_pipeline_stages.py,
 test_model_weights.py.)"""
 from __future__ import annotations
@@ -33,14 +34,9 @@ def pp2(tmp_path_factory):
     yield from _server(tmp_path_factory, 1, 2)
 
 
-@pytest.fixture(scope="module")
-def tp2xpp2(tmp_path_factory):
-    yield from _server(tmp_path_factory, 2, 2)
-
-
-@pytest.fixture(params=["pp2", "tp2xpp2"])
-def server(request):
-    return request.getfixturevalue(request.param)
+@pytest.fixture
+def server(pp2):
+    return pp2
 
 
 def test_greedy_tokens_equal_transformers(server):
