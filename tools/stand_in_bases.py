@@ -37,9 +37,11 @@ from cookbook import upstream
 REPO = Path(__file__).resolve().parents[1]
 CACHE = upstream.CACHE_ROOT / "docker"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"  # pip's target on Debian 12's python3
-# libnuma1: vLLM's CPU build links libnuma (tools/cpu_base.py; a Gaudi base has it for Habana's software).
+# For the CPU base (tools/cpu_base.py), what vLLM's CPU build needs beyond python (a Gaudi base has both):
+# libnuma1, which its extension links, and g++, with which torch.compile builds the sampler's ops it
+# compiles on CPU (logprobs: "InvalidCxxCompiler" without it).
 ROOTFS_PACKAGES = ["python3", "python3-pip", "python3-setuptools", "python3-wheel", "git",
-                   "ca-certificates", "libnuma1"]
+                   "ca-certificates", "libnuma1", "g++"]
 # The commit the profile's vllm-gaudi patches are authored against (main, the newest public source;
 # the pin, releases/v0.30.0 at 058f107, is not public).
 VLLM_GAUDI_TEST_COMMIT = upstream.vllm_gaudi_commit()

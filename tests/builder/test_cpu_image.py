@@ -15,7 +15,7 @@ import pytest
 from tools import cpu_base, rehearsal
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "ports" / "inkling-small" / "tests" / "cpu"))
+sys.path[:0] = [str(REPO / "ports" / "inkling-small" / "tests" / "cpu"), str(REPO / "ports" / "inkling-small")]
 from cpu_server_helpers import assert_greedy_tokens_equal_transformers  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(1800)]
