@@ -96,6 +96,13 @@ class PortContainer:
         proc = _docker("logs", self.name, check=False)
         return proc.stdout + proc.stderr
 
+    def fix_steps(self) -> list[str]:
+        """The fix step's report of each start of the container, oldest first (from its log)."""
+        from cookbook.profiles import load_profile
+
+        header = f"profile {load_profile(str(REPO / DOCKER['profile'])).name}: apply"   # apply_all.py's report
+        return [part.split("\nOK:", 1)[0] for part in self.logs().split(header)[1:]]
+
     def status(self) -> dict:
         return json.loads(_docker("inspect", "--format", "{{json .State}}", self.name).stdout)
 
@@ -127,7 +134,7 @@ class PortContainer:
     def gate_env(self) -> dict:
         """run_gates.sh's environment inside the container: its own server, its own log, the CPU variant's
         batch budget and long-prefill share."""
-        env = {"BASE_URL": self.base_url, "STAND_IN": "1", "SERVER_LOG": DOCKER["log"],
+        env = {"BASE_URL": self.base_url, "STAND_IN": "1", "SERVER_LOG": RECIPE["image"]["server-log"],
                "LONG_PREFILL_TOLERANCE": cpu_server.CPU_SERVER_SHARE_TOLERANCE,
                "MAX_NUM_BATCHED_TOKENS": launch.cpu_flag(RECIPE, "max-num-batched-tokens")}
         return env
@@ -190,7 +197,8 @@ def main(argv=None) -> int:
         say("[5/6] docker restart")
         ready = container.restart()
         after = container.greedy_tokens()
-        fixes_again = "already applied" in container.logs().rsplit("profile test-base", 1)[-1]
+        steps = container.fix_steps()
+        fixes_again = len(steps) == 2 and "already applied" in steps[-1] and "patched" not in steps[-1]
         say(f"      serving again after {ready:.0f} s; fixes reported already applied: {fixes_again}; "
             f"greedy tokens {'the same' if before == after else 'DIFFERENT'}")
         if args.keep:

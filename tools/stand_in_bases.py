@@ -37,11 +37,11 @@ from cookbook import upstream
 REPO = Path(__file__).resolve().parents[1]
 CACHE = upstream.CACHE_ROOT / "docker"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"  # pip's target on Debian 12's python3
-# For the CPU base (tools/cpu_base.py), what vLLM's CPU build needs beyond python (a Gaudi base has both):
-# libnuma1, which its extension links, and g++, with which torch.compile builds the sampler's ops it
-# compiles on CPU (logprobs: "InvalidCxxCompiler" without it).
+# For the CPU base (tools/cpu_base.py), what vLLM's CPU build needs beyond python (a Gaudi base has them):
+# libnuma1, which its extension links, and g++ with Python's headers, with which torch.compile builds the
+# sampler ops vLLM compiles on CPU (logprobs: "InvalidCxxCompiler", then "Python.h: No such file" without them).
 ROOTFS_PACKAGES = ["python3", "python3-pip", "python3-setuptools", "python3-wheel", "git",
-                   "ca-certificates", "libnuma1", "g++"]
+                   "ca-certificates", "libnuma1", "g++", "python3-dev"]
 # The commit the profile's vllm-gaudi patches are authored against (main, the newest public source;
 # the pin, releases/v0.30.0 at 058f107, is not public).
 VLLM_GAUDI_TEST_COMMIT = upstream.vllm_gaudi_commit()
