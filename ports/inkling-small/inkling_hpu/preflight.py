@@ -181,11 +181,14 @@ def run_cpu_tests() -> tuple[str, str]:
     installed = {name: importlib.util.find_spec(package) for name, package in
                  (("VLLM_SRC", "vllm"), ("VLLM_GAUDI_SRC", "vllm_gaudi"))}
     env = {**os.environ, **{name: str(Path(spec.origin).parents[1]) for name, spec in installed.items() if spec}}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
                            "not server and not pristine", str(tests)],
                           capture_output=True, text=True, cwd="/tmp", env=env)
-    tail = (proc.stdout.strip().splitlines() or [""])[-1]
-    return ("pass" if proc.returncode == 0 else "fail"), tail
+    lines = proc.stdout.strip().splitlines() or [""]
+    # the tally, then which tests failed (pytest's short summary: "FAILED path::test - message")
+    failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    detail = lines[-1] + (f"; failed: {', '.join(failed[:10])}" if failed else "")
+    return ("pass" if proc.returncode == 0 else "fail"), detail
 
 
 def main() -> int:
