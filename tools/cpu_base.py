@@ -140,9 +140,10 @@ def build(client: docker.DockerClient) -> str:
     return name
 
 
-def edited(client: docker.DockerClient, base: str, path: str = "vllm/v1/core/sched/scheduler.py") -> str:
+def edited(client: docker.DockerClient, base: str, path: str = "vllm/sampling_params.py") -> str:
     """`base` with one installed vLLM file (`path`, under site-packages) changed after the install: a
-    base that must be refused."""
+    base that must be refused. The default is a file no fix patches: the content manifest compares it
+    (the files the fixes patch are left to the patches' own checks)."""
     name = f"{base.split(':')[0]}-edited:{base.split(':')[1]}"
     if client.images.list(name=name):
         return name
