@@ -59,9 +59,6 @@ def test_the_docker_line_serves_the_tiny_inkling_with_transformers_tokens(contai
     assert_greedy_tokens_equal_transformers(container)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known, issue #32 open: in the serving container the preflight's CPU tests reported '2 failed, 532 passed' "
-    "(which two not yet read); the same image after the fix step, with no server beside, gives 534 passed"))
 def test_the_quick_gates_pass_inside_the_container(container):
     """run_gates.sh quick inside the container (docker exec), against its own server and log: the preflight
     row judged and passed, the model-independent gates passed on the server's real behaviour, the semantic

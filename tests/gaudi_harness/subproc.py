@@ -17,11 +17,14 @@ HARNESS_PARENT = Path(__file__).resolve().parent.parent  # the directory holding
 RESULT_MARK = "GAUDI_HARNESS_RESULT:"
 # The vLLM plugins the harness's entry points declare: vllm-gaudi's platform and its utilities.
 HARNESS_PLUGINS = ("hpu", "01.hpu_custom_utils")
+SERVER_KNOB_PREFIXES = ("INKLING_", "VLLM_LONG_PREFILL_")
 
 
 def harness_env(vllm_gaudi_root: Path, vllm_root: Path) -> dict[str, str]:
     """Environment for a scenario process: harness, vllm-gaudi tree, vLLM sdist tree on PYTHONPATH."""
-    env = dict(os.environ)
+    # Not the serving knobs of the caller's environment (a port container sets the page's INKLING_* and
+    # long-prefill variables for its server): a scenario sets the ones it tests.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SERVER_KNOB_PREFIXES)}
     harness = HARNESS_PARENT / "gaudi_harness"
     # The repository's root last: scenario modules import its library (recipes, tools) wherever pytest runs
     # (the image's preflight runs it from /tmp).
