@@ -11,6 +11,9 @@ from tools import cpu_server
 REPO = Path(__file__).resolve().parents[4]
 
 RUN_GATES = REPO / "ports" / "inkling-small" / "tests" / "hpu" / "run_gates.sh"
+# The quick rows that judge on the random stand-in checkpoint (the others need a trained model, or a context
+# over 4K, or the image).
+JUDGED_ON_THE_STAND_IN = "greedy,logprobs,prefix-cache,overlong,server-log"
 
 
 def run_gates(server: "cpu_server.CpuServer", mode: str, *args: str, env: dict | None = None,
