@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
-# The cached test virtualenv (torch CPU + vLLM 0.30.0's requirements); built on first use.
+# The cached test virtualenv (torch CPU, vLLM 0.30.0's requirements, and its sdist importable); built on first use.
 VENV_PY = $$(bash tools/test_env.sh)/bin/python
 # vLLM source: the pinned PyPI sdist (downloaded once, sha256-checked). vllm-gaudi: VLLM_GAUDI_SRC.
 VLLM_SRC = $$($(PYTHON) -m cookbook.upstream)

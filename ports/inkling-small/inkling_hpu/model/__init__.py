@@ -1,4 +1,4 @@
-"""Inkling text backbone for HPU in plain PyTorch (math only; the vllm-gaudi glue lives elsewhere).
+"""Inkling text backbone for HPU: PyTorch and vLLM's layers (math only; the vllm-gaudi glue lives elsewhere).
 
     config   = InklingPortConfig.from_dict(checkpoint_config)
     model    = InklingForCausalLM(config)                 # reads the INKLING_* knobs once

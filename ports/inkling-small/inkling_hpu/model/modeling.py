@@ -1,4 +1,5 @@
-"""Inkling text backbone in plain PyTorch, shaped for HPU graphs (no Triton, no CUDA).
+"""Inkling text backbone, shaped for HPU graphs (no Triton, no CUDA), built from vLLM's layers where vLLM has
+one that computes this model: its `RMSNorm` (on HPU, vllm-gaudi registers its fused kernel over it).
 
 Names mirror transformers 5.24.0's `models/inkling/modeling_inkling.py` where the math is the same;
 the differences are the fused `qkvr_proj`, SwiGLU weights as rows [gate | up] (the checkpoint's
@@ -8,12 +9,16 @@ docs/caches.md). Gathers use index_select; every shape follows from the step's p
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vllm.model_executor.layers.layernorm import RMSNorm
 
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
@@ -25,6 +30,31 @@ KEEP_FP32_SUFFIXES = (
     "k_sconv.weight", "v_sconv.weight", "attn_sconv.weight", "mlp_sconv.weight",
     "gate.e_score_correction_bias", "gate.global_scale",
 )
+
+
+@functools.cache
+def _default_vllm_config():
+    from vllm.config import DeviceConfig, VllmConfig
+
+    return VllmConfig(device_config=DeviceConfig(device="cpu"))
+
+
+_BUILDING = threading.Lock()   # vLLM's current config is one per process, not per thread
+
+
+@contextlib.contextmanager
+def vllm_layers_buildable():
+    """vLLM's layers read the current vLLM config when they are built (a CustomOp picks its platform's
+    forward then). A worker builds the model inside vLLM's own; built anywhere else (parity, the memory
+    arithmetic, the tests), a default CPU config stands in for the construction."""
+    from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
+
+    with _BUILDING:
+        if get_current_vllm_config_or_none() is not None:
+            yield
+            return
+        with set_current_vllm_config(_default_vllm_config()):
+            yield
 
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:
@@ -124,27 +154,11 @@ class InklingCaches:
 # --------------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------------
-class InklingRMSNorm(nn.Module):
-    """x * rsqrt(mean(x^2) + eps) in fp32, cast back, times the weight (no 1 + w)."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
 class InklingNormedEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, eps: float, use_embed_norm: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
-        self.embed_norm = InklingRMSNorm(embedding_dim, eps) if use_embed_norm else None
+        self.embed_norm = RMSNorm(embedding_dim, eps) if use_embed_norm else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         embedded = self.weight.index_select(0, input_ids)
@@ -244,8 +258,8 @@ class InklingAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
         self.k_sconv = InklingShortConvolution(kv_size, config.conv_kernel_size)
         self.v_sconv = InklingShortConvolution(kv_size, config.conv_kernel_size)
-        self.q_norm = InklingRMSNorm(head_dim, eps=config.rms_norm_eps)
-        self.k_norm = InklingRMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.rel_logits_proj = InklingRelativeLogits(config.d_rel, self.rel_extent)
 
     def forward(self, hidden_states: torch.Tensor, meta: StepMetadata, cache: LayerCache,
@@ -537,8 +551,8 @@ class InklingDecoderLayer(nn.Module):
         attention_class = InklingSlidingAttention if config.is_local(layer_idx) else InklingFullAttention
         self.self_attn = attention_class(config, layer_idx, tp)
         self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp, knobs)
-        self.input_layernorm = InklingRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = InklingRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tp = tp
         # depthwise: under tensor parallel each rank convolves its own channels of the hidden streams
         channels = tp.split(config.hidden_size, "hidden_size")
@@ -568,7 +582,7 @@ class InklingModel(nn.Module):
         self.layers = nn.ModuleList(
             InklingDecoderLayer(config, i, tp, knobs) if i in stage.layer_ids else MissingLayer()
             for i in range(config.num_hidden_layers))
-        self.norm = InklingRMSNorm(config.hidden_size, eps=config.rms_norm_eps) if stage.last else MissingLayer()
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if stage.last else MissingLayer()
 
     @property
     def stage_layers(self) -> list["InklingDecoderLayer"]:
@@ -610,7 +624,8 @@ class InklingForCausalLM(nn.Module):
         self.tp = tp or TensorParallel()
         self.stage = stage or PipelineStage.whole(config.num_hidden_layers)
         self.knobs = read_knobs() if knobs is None else knobs   # read once, at construction
-        self.model = InklingModel(config, self.tp, self.knobs, self.stage)
+        with vllm_layers_buildable():
+            self.model = InklingModel(config, self.tp, self.knobs, self.stage)
         self.lm_head = (nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
                         if self.stage.last else MissingLayer())
         self._dtype = torch.get_default_dtype()

@@ -345,10 +345,16 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm_gaudi.v1.worker.hpu_model_runner import HpuModelAdapter
 
+    import vllm_gaudi
     from gaudi_harness import builders
     from gaudi_harness import drivers as d
     from inkling_hpu import parity
     from inkling_hpu.hpu_glue import HpuInklingForCausalLM
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    # vllm-gaudi's layers over vLLM's (its 02.hpu_custom_ops plugin, run in every worker of a Gaudi install;
+    # its 03.hpu_custom_models needs torchvision, absent here)
+    vllm_gaudi.register_ops()
 
     raw = json.loads((Path(port_dir) / "inkling_hpu" / "configs" / "tiny-gqa2-mix.json").read_text())
     model_dir = parity.write_checkpoint_config(raw, Path(tempfile.mkdtemp(prefix="inkling_e2e_")), "float32")
@@ -379,7 +385,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     prompt = [(7 * i + 3) % raw["unpadded_vocab_size"] for i in range(20)]
     from habana_frameworks.torch import stand_in_ops
 
-    moe_calls = stand_in_ops.CALLS["mixture_of_experts"]
+    moe_calls, norm_calls = stand_in_ops.CALLS["mixture_of_experts"], stand_in_ops.CALLS["FusedRMSNorm"]
     steps = d.StepDriver(runner)
     steps.add("A", prompt, d.greedy_params())
     steps.step({"A": 7})
@@ -388,6 +394,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
         steps.step({"A": 1})
     sampled = steps.reqs["A"].outputs
     moe_calls = stand_in_ops.CALLS["mixture_of_experts"] - moe_calls
+    norm_calls = stand_in_ops.CALLS["FusedRMSNorm"] - norm_calls
     InklingForCausalLM.allocate_conv_state = allocate_conv_state
 
     # The same schedule straight through the model (no runner, no glue), in the dtype vLLM chose
@@ -412,8 +419,10 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
             reference_tokens.append(int(logits.argmax()))
             ref_ids.append(reference_tokens[-1])
     moe_layers = sum(1 for dense in model.config.dense_layers if not dense)
+    norms = [type(m).__name__ for m in model.modules() if isinstance(m, RMSNorm)]
     return {"sampled": sampled, "direct": direct, "dtype": str(model.dtype), "reference_fp32": reference_tokens,
-            "moe_op_calls_per_step": moe_calls / 7 / moe_layers}
+            "moe_op_calls_per_step": moe_calls / 7 / moe_layers, "norm_classes": sorted(set(norms)),
+            "fused_rms_norm_calls_per_step_and_norm": norm_calls / 7 / len(norms)}
 
 
 @pytest.mark.slow
@@ -438,4 +447,7 @@ def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(s
     assert out["dtype"] == "torch.float32"
     # every MoE layer's routed experts went through vllm-gaudi's fused op, in every step (7)
     assert out["moe_op_calls_per_step"] == 1, out
+    # every norm is vllm-gaudi's HPURMSNorm (registered over vLLM's RMSNorm), run as the fused kernel once a step
+    assert out["norm_classes"] == ["HPURMSNorm"], out
+    assert out["fused_rms_norm_calls_per_step_and_norm"] == 1, out
     assert out["sampled"] == out["direct"] == out["reference_fp32"], out

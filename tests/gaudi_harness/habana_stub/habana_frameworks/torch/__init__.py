@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from . import core, hpu, internal, utils  # noqa: F401  (imported for attribute access: htorch.core...)
+from . import core, hpex, hpu, internal, utils  # noqa: F401  (imported for attribute access: htorch.core...)
 from . import stand_in_ops  # noqa: F401  (registers torch.ops.hpu.*, as the real package does on import)
 
 if not hasattr(torch, "hpu") or sys.modules.get("torch.hpu") is not hpu:
