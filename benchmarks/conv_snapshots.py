@@ -37,8 +37,7 @@ CONFIG = {
 
 def build_model() -> InklingForCausalLM:
     torch.manual_seed(0)
-    model = InklingForCausalLM(InklingPortConfig.from_dict(CONFIG),
-                               knobs=Knobs(local_window_prefill=True, step_hoist=True, decode_window_plus1=True))
+    model = InklingForCausalLM(InklingPortConfig.from_dict(CONFIG), knobs=Knobs())
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.02)

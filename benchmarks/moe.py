@@ -48,7 +48,7 @@ DECODE_REQUESTS, DECODE_CONTEXT = 16, 1000
 
 def build_model() -> InklingForCausalLM:
     torch.manual_seed(0)
-    model = InklingForCausalLM(InklingPortConfig.from_dict(CONFIG), knobs=Knobs(local_window_prefill=True))
+    model = InklingForCausalLM(InklingPortConfig.from_dict(CONFIG), knobs=Knobs())
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.02)

@@ -101,10 +101,8 @@ class CpuPlatform:
 
     def log_pool_checks(self, model: InklingVllmModel) -> None:
         """The decode window line (on HPU, vllm-gaudi's runner logs it: patch decode-window)."""
-        blocks = decode_window_blocks(model)
-        if blocks:
-            logger.info("Inkling decode window: %d blocks (sliding window %d, block size %d)", blocks,
-                        model.config.sliding_window_size, model.block_size)
+        logger.info("Inkling decode window: %d blocks (sliding window %d, block size %d)", decode_window_blocks(model),
+                    model.config.sliding_window_size, model.block_size)
 
     def use_moe_op(self, model: InklingForCausalLM) -> int:
         return 0      # the model's own routed dispatch
@@ -173,21 +171,18 @@ class CpuPlatform:
         slots = torch.cat([request.slots(positions[g:g + 1]) for g, request in enumerate(decodes)])
         block_list = torch.tensor([block for request in decodes for block in request.blocks])
         owners = torch.tensor([g for g, request in enumerate(decodes) for _ in request.blocks])
-        window = window_owners = None
+        # the local layers' lists: each request's last blocks (what patch decode-window builds on HPU)
         tail = decode_window_blocks(model)
-        if tail:     # the local layers' lists: each request's last blocks (what patch decode-window builds on HPU)
-            window = torch.tensor([block for request in decodes for block in request.blocks[-tail:]])
-            window_owners = torch.tensor([g for g, request in enumerate(decodes) for _ in request.blocks[-tail:]])
+        window = torch.tensor([block for request in decodes for block in request.blocks[-tail:]])
+        window_owners = torch.tensor([g for g, request in enumerate(decodes) for _ in request.blocks[-tail:]])
         step = decode_step_metadata(input_ids[rows][:, None], positions[:, None], slots[:, None], block_list, owners,
                                     window, window_owners, block_size=model.block_size, pad_block=pad_block, taps=taps)
         return ModelCall(step, rows)
 
 
 def decode_window_blocks(model: InklingVllmModel) -> int:
-    """The blocks a local layer's decode reads with the decode-window knob (the model's windowed decode
-    plan, attention_plan.py): its window's keys wherever the position sits in a block; 0 without the knob."""
-    if not model.inkling.knobs.decode_window_plus1:
-        return 0
+    """The blocks a local layer's decode reads (the model's windowed decode plan, attention_plan.py): its
+    window's keys wherever the position sits in a block."""
     return -(-(model.config.sliding_window_size - 1) // model.block_size) + 1
 
 

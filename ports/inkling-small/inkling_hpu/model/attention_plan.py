@@ -1,8 +1,8 @@
 """Attention plans: which KV blocks each query chunk reads, and the masks and bias indices for them.
 
 A plan depends only on the step metadata and the layer kind (heads, window, rel extent, log
-scaling), so with INKLING_STEP_HOIST=1 it is built once per forward and layer kind and shared by
-every layer of that kind; otherwise each layer builds its own. Both give the same tensors.
+scaling), so the model builds it once per forward and layer kind and every layer of that kind shares
+it. A sliding-window layer's plan reads only the KV blocks that hold keys inside its queries' window.
 """
 from __future__ import annotations
 
@@ -76,8 +76,7 @@ def _chunk_rows(group: AttentionGroup, kind: AttentionKind, block_size: int, kno
 
 
 def plan_group(group: AttentionGroup, kind: AttentionKind, block_size: int, knobs: Knobs) -> list[ChunkPlan]:
-    is_local = kind.window is not None
-    windowed = is_local and (knobs.decode_window_plus1 if group.is_decode else knobs.local_window_prefill)
+    windowed = kind.window is not None
     rows_per_chunk = _chunk_rows(group, kind, block_size, knobs, windowed)
     plans = []
     for start in range(0, group.num_rows, rows_per_chunk):

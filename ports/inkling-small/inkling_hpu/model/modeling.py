@@ -283,7 +283,7 @@ class InklingAttention(nn.Module):
         for group, group_plans in zip(meta.groups, plans):
             if isinstance(group, FlatDecodeGroup):
                 outputs.append(self._attend_flat(query.index_select(0, group.token_index),
-                                                 relative.index_select(0, group.token_index), cache, group, knobs))
+                                                 relative.index_select(0, group.token_index), cache, group))
                 continue
             rows = group.token_index.reshape(-1)
             shape = (group.num_requests, group.num_rows)
@@ -320,7 +320,7 @@ class InklingAttention(nn.Module):
 
 
     def _attend_flat(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
-                     group: FlatDecodeGroup, knobs: Knobs) -> torch.Tensor:
+                     group: FlatDecodeGroup) -> torch.Tensor:
         """Decode attention over a flat block list, as vllm-gaudi's flat paged attention reads it: each
         block is scored against its owner's query, and a softmax over the blocks of each request (max and
         sum per request with scatter/index_add) gives the same probabilities as one softmax over the
@@ -329,7 +329,7 @@ class InklingAttention(nn.Module):
         kv_heads, groups, head_dim = self.num_key_value_heads, self.num_key_value_groups, self.head_dim
         block_size = cache.key.shape[1]
         blocks, owner, column = group.block_list, group.block_request, group.block_column
-        if self.kind.window is not None and knobs.decode_window_plus1 and group.window_block_list is not None:
+        if self.kind.window is not None and group.window_block_list is not None:
             blocks, owner, column = group.window_block_list, group.window_block_request, group.window_block_column
         num_blocks = blocks.shape[0]
         positions = group.positions
@@ -520,10 +520,9 @@ class InklingSharedExperts(nn.Module):
 
 
 class InklingMoE(nn.Module):
-    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs) -> None:
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
-        self.single_reduce = knobs.moe_single_reduce
         self.gate = InklingTopkRouter(config)
         self.experts = InklingExperts(config, tp)
         self.shared_experts = InklingSharedExperts(config, tp)
@@ -532,10 +531,7 @@ class InklingMoE(nn.Module):
         topk_weights, topk_indices, shared_gammas = self.gate(hidden_states)
         routed = self.experts(hidden_states, topk_indices, topk_weights)
         shared = self.shared_experts(hidden_states, shared_gammas)
-        reduce = self.tp.reduce_scatter_last_dim                             # to this rank's channels
-        if self.single_reduce:   # INKLING_MOE_SINGLE_REDUCE: one collective for routed + shared
-            return reduce(routed + shared)
-        return reduce(routed) + reduce(shared)
+        return self.tp.reduce_scatter_last_dim(routed + shared)   # one collective, to this rank's channels
 
 
 # --------------------------------------------------------------------------------------------------
@@ -550,7 +546,7 @@ class InklingDecoderLayer(nn.Module):
         self.knobs = knobs
         attention_class = InklingSlidingAttention if config.is_local(layer_idx) else InklingFullAttention
         self.self_attn = attention_class(config, layer_idx, tp)
-        self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp, knobs)
+        self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tp = tp
@@ -601,14 +597,13 @@ class InklingModel(nn.Module):
         if self.stage.first:
             hidden_states = self.embed_tokens(meta.input_ids)
         layers = self.stage_layers
-        hoisted: dict[AttentionKind, list] = {}
-        if self.knobs.step_hoist:   # INKLING_STEP_HOIST: one plan per layer kind for the whole step
-            for layer in layers:
-                kind = layer.self_attn.kind
-                if kind not in hoisted:
-                    hoisted[kind] = plan_step(meta.groups, kind, meta.block_size, self.knobs)
+        plans: dict[AttentionKind, list] = {}      # one plan per layer kind for the whole step
+        for layer in layers:
+            kind = layer.self_attn.kind
+            if kind not in plans:
+                plans[kind] = plan_step(meta.groups, kind, meta.block_size, self.knobs)
         for layer, cache in zip(layers, caches.layers, strict=True):
-            hidden_states = layer(hidden_states, meta, cache, hoisted.get(layer.self_attn.kind))
+            hidden_states = layer(hidden_states, meta, cache, plans[layer.self_attn.kind])
         return self.norm(hidden_states) if self.stage.last else hidden_states
 
 

@@ -103,9 +103,8 @@ def _reference_step(model, caches, chunks):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("knobs", [helpers.ALL_KNOBS_OFF, helpers.ALL_KNOBS_ON], ids=["knobs-off", "knobs-on"])
-def test_device_metadata_matches_the_cpu_builder_and_traces_as_one_graph(knobs):
-    model = helpers.as_on_hpu(helpers.port_model(CONFIG, knobs))
+def test_device_metadata_matches_the_cpu_builder_and_traces_as_one_graph():
+    model = helpers.as_on_hpu(helpers.port_model(CONFIG, helpers.BIAS_BUDGET))
     caches = model.allocate_caches(PAD + 1, BLOCK)
     reference = model.allocate_caches(PAD + 1, BLOCK)
     with torch.no_grad():
@@ -147,7 +146,7 @@ def test_flat_decode_attention_equals_the_per_request_tables(config, dtype):
 
     from inkling_hpu.model.metadata import flat_decode_group
 
-    model = helpers.port_model(config, helpers.ALL_KNOBS_ON)
+    model = helpers.port_model(config, helpers.BIAS_BUDGET)
     if dtype != torch.float32:
         model.cast(dtype)
     kernel = model.config.conv_kernel_size

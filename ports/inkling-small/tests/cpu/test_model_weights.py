@@ -42,7 +42,7 @@ def test_every_rule_says_how_it_splits():
 
 def test_towers_and_mtp_are_skipped_and_unknown_text_tensors_refused():
     name = "tiny-gqa2-mix.json"
-    model = modeling.InklingForCausalLM(_config(name), knobs=helpers.ALL_KNOBS_OFF)
+    model = modeling.InklingForCausalLM(_config(name), knobs=helpers.NO_BUDGET)
     tensors = dict(helpers.checkpoint(name))
     tensors["model.visual.layers.linear_0.weight"] = torch.zeros(3)
     tensors["model.audio.encoder.weight"] = torch.zeros(3)
@@ -57,7 +57,7 @@ def test_towers_and_mtp_are_skipped_and_unknown_text_tensors_refused():
 
 def test_wrong_shape_and_missing_tensors_are_refused():
     name = "tiny-gqa2-mix.json"
-    model = modeling.InklingForCausalLM(_config(name), knobs=helpers.ALL_KNOBS_OFF)
+    model = modeling.InklingForCausalLM(_config(name), knobs=helpers.NO_BUDGET)
     with pytest.raises(weights.WeightError, match=r"expected shape \(16, 32\).*found \(9, 32\)"):
         weights.load_tensor(model, "model.llm.layers.3.attn.wk_dv.weight", torch.zeros(9, 32))
     partial = {k: v for k, v in helpers.checkpoint(name).items() if "wo_ud" not in k}
@@ -114,7 +114,7 @@ def _two_ranks(config_name: str, checkpoint_dir, group: ThreadGroup) -> list[dic
     def rank_main(rank: int) -> None:
         try:
             with parity.single_thread():
-                model = modeling.InklingForCausalLM(config, tp=group.parallel(rank), knobs=helpers.ALL_KNOBS_ON)
+                model = modeling.InklingForCausalLM(config, tp=group.parallel(rank), knobs=helpers.BIAS_BUDGET)
                 weights.load_checkpoint(model, _rank_pieces(checkpoint_dir, config, rank, 2))
                 results[rank] = parity.run_port(model.eval(), work, 0)
         except BaseException as error:   # surface a rank's failure instead of a barrier timeout
@@ -133,7 +133,7 @@ def _two_ranks(config_name: str, checkpoint_dir, group: ThreadGroup) -> list[dic
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config_name", ["tiny-gqa2-mix.json", "tiny-gqa4-long.json"])
 def test_tensor_parallel_two_ranks_match_one(config_name, tmp_path):
-    single = parity.run_port(helpers.port_model(config_name, helpers.ALL_KNOBS_ON), helpers.workload(config_name), 0)
+    single = parity.run_port(helpers.port_model(config_name, helpers.BIAS_BUDGET), helpers.workload(config_name), 0)
     results = _two_ranks(config_name, tmp_path, ThreadGroup(2))
     assert helpers.max_abs_between(results[0], results[1]) == 0.0
     assert helpers.max_abs_between(results[0], single) <= 1e-5
@@ -143,6 +143,6 @@ def test_tensor_parallel_two_ranks_match_one(config_name, tmp_path):
 def test_a_broken_collective_is_caught(tmp_path):
     """The same comparison fails when the all-gather puts the ranks' slabs in the wrong order."""
     name = "tiny-gqa2-mix.json"
-    single = parity.run_port(helpers.port_model(name, helpers.ALL_KNOBS_ON), helpers.workload(name), 0)
+    single = parity.run_port(helpers.port_model(name, helpers.BIAS_BUDGET), helpers.workload(name), 0)
     results = _two_ranks(name, tmp_path, ThreadGroup(2, gather_reversed=True))
     assert helpers.max_abs_between(results[0], single) > 1e-3

@@ -17,7 +17,7 @@ from inkling_hpu.model.config import InklingPortConfig
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config_name", helpers.SHIPPED_CONFIGS)
-@pytest.mark.parametrize("knobs", [helpers.ALL_KNOBS_OFF, helpers.ALL_KNOBS_ON], ids=["knobs-off", "knobs-on"])
+@pytest.mark.parametrize("knobs", [helpers.NO_BUDGET, helpers.BIAS_BUDGET], ids=["unbounded", "bias-budget"])
 def test_fp32_parity_every_phase(config_name, knobs):
     result = parity.run_parity(helpers.load_config(config_name), seed=0, dtype_name="float32", knobs=knobs)
     phases = result["phases"]
@@ -59,7 +59,7 @@ def test_shipped_configs_cover_the_brief():
 @pytest.mark.parametrize("config_name", helpers.SHIPPED_CONFIGS)
 def test_bf16_parity_within_tolerance(config_name):
     result = parity.run_parity(helpers.load_config(config_name), seed=1, dtype_name="bfloat16",
-                               knobs=helpers.ALL_KNOBS_ON)
+                               knobs=helpers.BIAS_BUDGET)
     assert result["ok"], result["phases"]
 
 

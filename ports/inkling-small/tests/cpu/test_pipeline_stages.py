@@ -48,7 +48,7 @@ def _staged_models(config_name: str, bounds: list[int]) -> list[modeling.Inkling
     config, tensors = helpers.port_model(config_name).config, helpers.checkpoint(config_name)
     models = []
     for stage in _stages(bounds):
-        model = modeling.InklingForCausalLM(config, knobs=helpers.ALL_KNOBS_ON, stage=stage)
+        model = modeling.InklingForCausalLM(config, knobs=helpers.BIAS_BUDGET, stage=stage)
         weights.load_checkpoint(model, tensors)     # every tensor offered: the stage takes its own
         models.append(model.eval())
     return models
@@ -60,7 +60,7 @@ def _staged_models(config_name: str, bounds: list[int]) -> list[modeling.Inkling
     ("tiny-moe-window-unaligned.json", [0, 1, 3]),
 ])
 def test_stages_reproduce_the_whole_model(config_name, bounds):
-    whole = parity.run_port(helpers.port_model(config_name, helpers.ALL_KNOBS_ON), helpers.workload(config_name), 0)
+    whole = parity.run_port(helpers.port_model(config_name, helpers.BIAS_BUDGET), helpers.workload(config_name), 0)
     staged = parity.run_port(StagedPipeline(_staged_models(config_name, bounds)), helpers.workload(config_name), 0)
     assert helpers.max_abs_between(whole, staged) == 0.0
 
@@ -68,7 +68,7 @@ def test_stages_reproduce_the_whole_model(config_name, bounds):
 def test_a_broken_hand_off_between_stages_is_caught():
     """The same comparison fails when the hidden states reach the next stage one row off."""
     name = "tiny-gqa2-mix.json"
-    whole = parity.run_port(helpers.port_model(name, helpers.ALL_KNOBS_ON), helpers.workload(name), 0)
+    whole = parity.run_port(helpers.port_model(name, helpers.BIAS_BUDGET), helpers.workload(name), 0)
     shifted = StagedPipeline(_staged_models(name, [0, 2, 4]), hand_off=lambda hidden: hidden.roll(1, dims=0))
     assert helpers.max_abs_between(whole, parity.run_port(shifted, helpers.workload(name), 0)) > 1e-3
 

@@ -25,10 +25,9 @@ def _prompt(seed: int, length: int, vocab: int) -> list[int]:
     return [(seed * 31 + 7 * i + (i * i) % 13) % vocab for i in range(length)]
 
 
-# The page's INKLING_* knobs (recipe.yaml); the bias budget is scaled to the tiny model so that prefill
-# attention is really split into chunks.
-PAGE_KNOBS = {"INKLING_PREFILL_BIAS_BUDGET": "65536", "INKLING_DECODE_WINDOW_PLUS1": "1",
-              "INKLING_MOE_SINGLE_REDUCE": "1", "INKLING_LOCAL_WINDOW_PREFILL": "1", "INKLING_STEP_HOIST": "1"}
+# The page's bias budget (recipe.yaml), scaled to the tiny model so that prefill attention is really split
+# into chunks.
+PAGE_BUDGET = {"INKLING_PREFILL_BIAS_BUDGET": "65536"}
 
 
 def _serve(port_dir: str, float32: bool, max_num_seqs: int = 8, async_scheduling: bool = False):
@@ -147,15 +146,13 @@ def _try_run(engine) -> str | None:
     return None
 
 
-def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int = 6, page_knobs: bool = False,
+def scenario_shared_prefix(port_dir: str, float32: bool = True, new_tokens: int = 6,
                            async_scheduling: bool = False) -> dict:
-    """A and B share their first 300 tokens (310-token prompts), concurrently and one after the other.
-    page_knobs: the page's INKLING_* settings (the runner then builds the decode-window lists);
-    async_scheduling: vLLM 0.30.0's default (the page does not turn it off)."""
+    """A and B share their first 300 tokens (310-token prompts), concurrently and one after the other, at
+    the page's bias budget. async_scheduling: vLLM 0.30.0's default (the page does not turn it off)."""
     import os
 
-    if page_knobs:
-        os.environ.update(PAGE_KNOBS)
+    os.environ.update(PAGE_BUDGET)
     engine, reference, raw = _serve(port_dir, float32, async_scheduling=async_scheduling)
     result = {"scheduler": type(engine.scheduler).__name__}
     result_window = getattr(engine.runner, "inkling_window", None)
@@ -288,23 +285,21 @@ def test_shared_prefix_fails_before_snapshots(served_vllm_gaudi, vllm_src, prist
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("page_knobs, async_scheduling", [(False, False), (True, False), (True, True)],
-                         ids=["knobs-off", "page-knobs", "page-knobs-async"])
-def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, page_knobs, async_scheduling):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_shared_prefix_is_served_exactly(served_vllm_gaudi, vllm_src, port_dir, async_scheduling):
     """A and B share 300 tokens; B is a prefix-cache hit on A's first two blocks (256 tokens served
     from cache) and starts from block 1's conv snapshot. Concurrently (B's hit on blocks A fills in the
     same step) and one after the other: fp32 greedy tokens equal transformers', and every sampled
-    position's logits equal transformers' to about 1e-6. With the page's knobs the runner builds the
-    decode-window lists (2 blocks for window 64) and the local layers decode from them."""
+    position's logits equal transformers' to about 1e-6. The runner builds the decode-window lists
+    (2 blocks for window 64) and the local layers decode from them."""
     from gaudi_harness.subproc import run_scenario
 
     out = run_scenario(f"{__file__}::scenario_shared_prefix", served_vllm_gaudi, vllm_src, timeout=1100,
-                       python_path=[port_dir], port_dir=str(port_dir), page_knobs=page_knobs,
-                       async_scheduling=async_scheduling)
+                       python_path=[port_dir], port_dir=str(port_dir), async_scheduling=async_scheduling)
     print(json.dumps(out))
     assert out["scheduler"] == ("HPUAsyncScheduler" if async_scheduling else "Scheduler"), out
-    assert out["runner_inkling_window"] == (64 if page_knobs else None), out
-    assert (out["window_decodes"] > 0) == page_knobs, out
+    assert out["runner_inkling_window"] == 64, out
+    assert out["window_decodes"] > 0, out
     assert out["concurrent_admitted_at"]["B"] == out["sequential_admitted_at"]["B"] == [256], out
     for mode in ("concurrent", "sequential"):
         assert out[f"{mode}_error"] is None, out

@@ -1,7 +1,7 @@
-"""Each INKLING_* knob: parsed strictly, read once, changes the work done, and not the logits."""
+"""The INKLING_* settings: the bias budget parsed strictly, read once, changing the work and not the logits;
+the page's four fixed flags accepted at 1 and refused otherwise. And the work the model's one path saves:
+windowed local attention, one reduction per MoE layer, one attention plan per layer kind."""
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
 from inkling_hpu import parity
 from inkling_hpu.model import modeling
 from inkling_hpu.model.attention_plan import AttentionKind, BIAS_BYTES_PER_ELEMENT, plan_group
-from inkling_hpu.model.knobs import KNOBS, KnobError, Knobs, read_knobs
+from inkling_hpu.model.knobs import FIXED_FLAGS, KNOBS, KnobError, Knobs, read_knobs
 from inkling_hpu.model.metadata import AttentionGroup
 
 PAGE_ENV = {
@@ -22,29 +22,21 @@ PAGE_ENV = {
     "INKLING_STEP_HOIST": "1",
 }
 EQUIVALENCE_CONFIGS = ["tiny-gqa2-mix.json", "tiny-moe-window-unaligned.json", "tiny-block128-dense.json"]
-ONE_KNOB_ON = {
-    "prefill_bias_budget": Knobs(prefill_bias_budget=1500),
-    "local_window_prefill": Knobs(local_window_prefill=True),
-    "moe_single_reduce": Knobs(moe_single_reduce=True),
-    "step_hoist": Knobs(step_hoist=True),
-    "decode_window_plus1": Knobs(decode_window_plus1=True),
-}
 
 
 # --- parsing --------------------------------------------------------------------------------------
-def test_knob_table_names_the_page_knobs():
-    assert set(KNOBS) == set(PAGE_ENV)
-    assert {field.name for field in dataclasses.fields(Knobs)} == set(ONE_KNOB_ON)
+def test_the_page_s_variables_are_the_setting_and_the_fixed_flags():
+    assert set(KNOBS) | set(FIXED_FLAGS) == set(PAGE_ENV)
 
 
-def test_page_values_parse_and_defaults_are_off():
+def test_page_values_parse_and_the_default_is_unbounded():
     assert read_knobs({}) == Knobs()
-    assert read_knobs(PAGE_ENV) == Knobs(prefill_bias_budget=805306368, local_window_prefill=True,
-                                         moe_single_reduce=True, step_hoist=True, decode_window_plus1=True)
+    assert read_knobs(PAGE_ENV) == Knobs(prefill_bias_budget=805306368)
     assert read_knobs(read_knobs(PAGE_ENV).as_env()) == read_knobs(PAGE_ENV)
 
 
-@pytest.mark.parametrize("name, value", [("INKLING_STEP_HOIST", "yes"), ("INKLING_DECODE_WINDOW_PLUS1", "2"),
+@pytest.mark.parametrize("name, value", [("INKLING_STEP_HOIST", "0"), ("INKLING_DECODE_WINDOW_PLUS1", "2"),
+                                         ("INKLING_LOCAL_WINDOW_PREFILL", "yes"),
                                          ("INKLING_PREFILL_BIAS_BUDGET", "-1"),
                                          ("INKLING_PREFILL_BIAS_BUDGET", "768MiB")])
 def test_bad_values_are_refused_with_name_and_value(name, value):
@@ -53,36 +45,23 @@ def test_bad_values_are_refused_with_name_and_value(name, value):
     assert name in str(error.value) and repr(value) in str(error.value)
 
 
-def test_model_reads_knobs_once_at_construction(monkeypatch):
+def test_model_reads_the_budget_once_at_construction(monkeypatch):
     config = helpers.port_model("tiny-gqa2-mix.json").config
-    monkeypatch.setenv("INKLING_STEP_HOIST", "1")
+    monkeypatch.setenv("INKLING_PREFILL_BIAS_BUDGET", "4096")
     model = modeling.InklingForCausalLM(config)
-    monkeypatch.setenv("INKLING_STEP_HOIST", "0")
-    assert model.knobs.step_hoist and model.model.knobs.step_hoist
+    monkeypatch.setenv("INKLING_PREFILL_BIAS_BUDGET", "0")
+    assert model.knobs.prefill_bias_budget == model.model.knobs.prefill_bias_budget == 4096
 
 
-# --- equivalence ----------------------------------------------------------------------------------
-_baselines: dict[str, dict] = {}
-
-
-def _baseline(config_name: str) -> dict:
-    if config_name not in _baselines:
-        _baselines[config_name] = parity.run_port(helpers.port_model(config_name), helpers.workload(config_name), 0)
-    return _baselines[config_name]
-
-
+# --- the budget changes the work, not the logits ---------------------------------------------------
 @pytest.mark.parametrize("config_name", EQUIVALENCE_CONFIGS)
-@pytest.mark.parametrize("knob", sorted(ONE_KNOB_ON))
-def test_knob_on_gives_the_same_logits(config_name, knob):
-    on = parity.run_port(helpers.port_model(config_name, ONE_KNOB_ON[knob]), helpers.workload(config_name), 0)
-    difference = helpers.max_abs_between(on, _baseline(config_name))
-    if knob == "step_hoist":
-        assert difference == 0.0           # the very same plans, built once instead of per layer
-    else:
-        assert difference <= 1e-5, difference
+def test_a_bias_budget_gives_the_same_logits(config_name):
+    unbounded = parity.run_port(helpers.port_model(config_name), helpers.workload(config_name), 0)
+    budget = parity.run_port(helpers.port_model(config_name, helpers.BIAS_BUDGET), helpers.workload(config_name), 0)
+    assert helpers.max_abs_between(budget, unbounded) <= 1e-5
 
 
-# --- each knob changes the work -------------------------------------------------------------------
+# --- the work the one path does -------------------------------------------------------------------
 LOCAL = AttentionKind(num_heads=2, window=512, rel_extent=512, log_scaling_n_floor=None, log_scaling_alpha=0.1)
 GLOBAL = AttentionKind(num_heads=2, window=None, rel_extent=1024, log_scaling_n_floor=128000, log_scaling_alpha=0.1)
 
@@ -93,12 +72,10 @@ def _decode_group(positions: list[int], block_size: int, table_cols: int) -> Att
 
 
 @pytest.mark.parametrize("position", [511, 1000, 1023, 1024, 262143])
-def test_decode_window_plus1_reads_five_blocks_at_block_128(position):
+def test_local_decode_reads_five_blocks_at_block_128(position):
     cols = 262144 // 128
     group = _decode_group([position], 128, cols)
-    full = plan_group(group, LOCAL, 128, Knobs())[0]
-    windowed = plan_group(group, LOCAL, 128, Knobs(decode_window_plus1=True))[0]
-    assert full.num_keys == cols * 128
+    windowed = plan_group(group, LOCAL, 128, Knobs())[0]
     assert windowed.num_keys == 5 * 128                      # the page's "decode window of 5 blocks"
     first = max(0, (position - 511) // 128)
     expected = group.block_table[0, first:first + 5]
@@ -107,7 +84,7 @@ def test_decode_window_plus1_reads_five_blocks_at_block_128(position):
     # the keys it attends are exactly the window [position - 511, position]
     assert int((~windowed.masked).sum()) == min(512, position + 1)
     # global layers always read every block
-    assert plan_group(group, GLOBAL, 128, Knobs(decode_window_plus1=True))[0].num_keys == cols * 128
+    assert plan_group(group, GLOBAL, 128, Knobs())[0].num_keys == cols * 128
 
 
 def _prefill_group(start: int, rows: int, block_size: int, table_cols: int) -> AttentionGroup:
@@ -128,40 +105,31 @@ def test_bias_budget_chunks_prefill_under_the_budget():
         assert requests * GLOBAL.num_heads * rows * keys * BIAS_BYTES_PER_ELEMENT <= budget
 
 
-def test_local_window_prefill_reads_only_the_window_blocks():
+def test_local_prefill_reads_only_the_window_blocks():
     group = _prefill_group(start=4000, rows=256, block_size=128, table_cols=40)
-    full = plan_group(group, LOCAL, 128, Knobs())[0]
-    windowed = plan_group(group, LOCAL, 128, Knobs(local_window_prefill=True))[0]
-    assert full.num_keys == 40 * 128
-    assert windowed.num_keys == 7 * 128    # ceil((256 + 512 - 2) / 128) + 1
-    assert int((~full.masked).sum()) == int((~windowed.masked).sum())   # same keys attended
+    windowed = plan_group(group, LOCAL, 128, Knobs())[0]
+    assert windowed.num_keys == 7 * 128    # ceil((256 + 512 - 2) / 128) + 1, of the table's 40
+    assert int((~windowed.masked).sum()) == 256 * 512   # each row attends its whole window
     # global layers are not windowed
-    assert plan_group(group, GLOBAL, 128, Knobs(local_window_prefill=True))[0].num_keys == 40 * 128
+    assert plan_group(group, GLOBAL, 128, Knobs())[0].num_keys == 40 * 128
 
 
-def _count_reductions(knobs: Knobs) -> tuple[int, int]:
+def test_one_reduction_per_attention_and_per_mlp_or_moe():
+    """The routed and shared experts' partial sums are added before the MoE layer's one reduce-scatter."""
     calls = []
     tp = modeling.TensorParallel(reduce_scatter_last_dim=lambda t: calls.append(1) or t)
     config = helpers.port_model("tiny-gqa2-mix.json").config
-    model = modeling.InklingForCausalLM(config, tp=tp, knobs=knobs)
+    model = modeling.InklingForCausalLM(config, tp=tp, knobs=Knobs())
     model.load_state_dict(helpers.port_model("tiny-gqa2-mix.json").state_dict())
-    session = parity.PortSession(model, 4, 16, num_requests=1, seed=0)
-    session.step([(0, [1, 2, 3, 4, 5], 0)])
-    return len(calls), sum(not d for d in config.dense_layers)
+    parity.PortSession(model, 4, 16, num_requests=1, seed=0).step([(0, [1, 2, 3, 4, 5], 0)])
+    assert any(not dense for dense in config.dense_layers)
+    assert len(calls) == 2 * config.num_hidden_layers
 
 
-def test_moe_single_reduce_saves_one_collective_per_moe_layer():
-    two, moe_layers = _count_reductions(Knobs())
-    one, _ = _count_reductions(Knobs(moe_single_reduce=True))
-    assert moe_layers > 0 and two - one == moe_layers
-
-
-def test_step_hoist_builds_one_plan_per_layer_kind(monkeypatch):
+def test_one_plan_per_layer_kind(monkeypatch):
     calls = []
     real = modeling.plan_step
     monkeypatch.setattr(modeling, "plan_step", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
-    for knobs, expected in ((Knobs(), 4), (Knobs(step_hoist=True), 2)):   # 4 layers, 2 kinds
-        calls.clear()
-        model = helpers.port_model("tiny-gqa2-mix.json", knobs)
-        parity.PortSession(model, 4, 16, num_requests=1, seed=0).step([(0, [1, 2, 3], 0)])
-        assert len(calls) == expected
+    model = helpers.port_model("tiny-gqa2-mix.json")
+    parity.PortSession(model, 4, 16, num_requests=1, seed=0).step([(0, [1, 2, 3], 0)])
+    assert model.config.num_hidden_layers == 4 and len(calls) == 2      # 4 layers of 2 kinds
