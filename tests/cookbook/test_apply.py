@@ -162,6 +162,9 @@ def test_library_dependencies_missing_is_a_clear_error(tmp_path):
 
 def test_default_root_is_the_installed_package(tree):
     """Without --vllm-root the package is found where Python would import it from, unimported."""
+    # A regular package, as installed: a bare folder would be a namespace portion, which Python
+    # passes over for any regular vllm further down the path (the test venv imports the pinned sdist).
+    (tree / "vllm" / "__init__.py").touch()
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = cli("identify", "--profile", "v0.30.0", "--target", "vllm", env=env, check_rc=0).stdout
     assert f"at {tree} " in out
