@@ -1,5 +1,7 @@
 """Inkling text backbone, shaped for HPU graphs (no Triton, no CUDA), built from vLLM's layers where vLLM has
-one that computes this model: its `RMSNorm` (on HPU, vllm-gaudi registers its fused kernel over it).
+one that computes this model: its `RMSNorm` (on HPU, vllm-gaudi registers its fused kernel over it) and its
+parallel linears for the attention projections and the dense MLP (each platform's GEMM: on vLLM's CPU
+build, its oneDNN or packed kernels).
 
 Names mirror transformers 5.24.0's `models/inkling/modeling_inkling.py` where the math is the same;
 the differences are the fused `qkvr_proj`, SwiGLU weights as rows [gate | up] (the checkpoint's
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
@@ -39,22 +42,68 @@ def _default_vllm_config():
     return VllmConfig(device_config=DeviceConfig(device="cpu"))
 
 
-_BUILDING = threading.Lock()   # vLLM's current config is one per process, not per thread
+_BUILDING = threading.Lock()   # vLLM's current config and groups are one per process, not per thread
+
+
+def _one_process_group() -> None:
+    """vLLM's parameters note the TP group's rank when they are made (each layer then sets the rank and size
+    the port gives it). A worker has vLLM's groups; anywhere else, a world of this one process over gloo."""
+    import socket
+
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    with torch.device("cpu"):     # the group's own tensors, whatever device the model is built on (meta)
+        if parallel_state._WORLD is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                        distributed_init_method=f"tcp://127.0.0.1:{port}")
+        parallel_state.ensure_model_parallel_initialized(1, 1)
+
+
+@dataclass(frozen=True)
+class _RankPlace:
+    """All vLLM's layers read of the TP group while they are built: a rank's place in it."""
+
+    rank_in_group: int
+    world_size: int
 
 
 @contextlib.contextmanager
-def vllm_layers_buildable():
-    """vLLM's layers read the current vLLM config when they are built (a CustomOp picks its platform's
-    forward then). A worker builds the model inside vLLM's own; built anywhere else (parity, the memory
-    arithmetic, the tests), a default CPU config stands in for the construction."""
+def _tp_place(tp: "TensorParallel"):
+    """vLLM's parallel layers take their shard from the TP group when they are built. A worker's group is
+    the model's own; a rank built without its group (the memory arithmetic's meta build at TP 8, the
+    tests' ranks in one process) is built with a stand-in that holds only its place: the layers'
+    forwards never reach the group (the port's collectives are TensorParallel's)."""
+    from vllm.distributed import parallel_state
+
+    group = parallel_state._TP
+    if (group.rank_in_group, group.world_size) == (tp.rank, tp.size):
+        yield
+        return
+    parallel_state._TP = _RankPlace(tp.rank, tp.size)
+    try:
+        yield
+    finally:
+        parallel_state._TP = group
+
+
+@contextlib.contextmanager
+def vllm_layers_buildable(tp: "TensorParallel"):
+    """vLLM's layers read the current vLLM config and TP group when they are built (a CustomOp picks its
+    platform's forward then). A worker builds the model inside vLLM's own; built anywhere else (parity,
+    the memory arithmetic, the tests), a default CPU config and a one-process group stand in."""
     from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
 
     with _BUILDING:
-        if get_current_vllm_config_or_none() is not None:
-            yield
-            return
-        with set_current_vllm_config(_default_vllm_config()):
-            yield
+        config = get_current_vllm_config_or_none()
+        with contextlib.nullcontext() if config is not None else set_current_vllm_config(_default_vllm_config()):
+            _one_process_group()
+            with _tp_place(tp):
+                yield
 
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:
@@ -253,9 +302,11 @@ class InklingAttention(nn.Module):
         kv_size = self.num_key_value_heads * head_dim
         r_size = self.num_heads * config.d_rel
         self.split_sizes = (q_size, kv_size, kv_size, r_size)
-        # fused projection, output rows [Q | K | V | R] (checkpoint wq_du, wk_dv, wv_dv, wr_du)
-        self.qkvr_proj = nn.Linear(config.hidden_size, sum(self.split_sizes), bias=False)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        # fused projection, output rows [Q | K | V | R] (checkpoint wq_du, wk_dv, wv_dv, wr_du), each cut by head
+        self.qkvr_proj = MergedColumnParallelLinear(
+            config.hidden_size, [size * tp.size for size in self.split_sizes], bias=False)
+        # partial sums: the layer reduce-scatters them to this rank's channels (TensorParallel)
+        self.o_proj = RowParallelLinear(q_size * tp.size, config.hidden_size, bias=False, reduce_results=False)
         self.k_sconv = InklingShortConvolution(kv_size, config.conv_kernel_size)
         self.v_sconv = InklingShortConvolution(kv_size, config.conv_kernel_size)
         self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
@@ -265,7 +316,7 @@ class InklingAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, meta: StepMetadata, cache: LayerCache,
                 plans: list[list[ChunkPlan]] | None, knobs: Knobs) -> torch.Tensor:
         num_tokens = hidden_states.shape[0]
-        query, key, value, relative = self.qkvr_proj(hidden_states).split(self.split_sizes, dim=-1)
+        query, key, value, relative = self.qkvr_proj(hidden_states)[0].split(self.split_sizes, dim=-1)
         key = self.k_sconv(key, cache.conv["k"], meta)
         value = self.v_sconv(value, cache.conv["v"], meta)
         query = self.q_norm(query.reshape(num_tokens, self.num_heads, self.head_dim))
@@ -294,7 +345,7 @@ class InklingAttention(nn.Module):
                       for p in group_plans]
             outputs.append(torch.cat(chunks, dim=1).reshape(-1, self.num_heads * self.head_dim))
         attn_output = torch.cat(outputs).index_select(0, meta.output_index)
-        return self.tp.reduce_scatter_last_dim(self.o_proj(attn_output))     # this rank's channels
+        return self.tp.reduce_scatter_last_dim(self.o_proj(attn_output)[0])     # this rank's channels
 
     def _attend_chunk(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
                       plan: ChunkPlan) -> torch.Tensor:
@@ -399,13 +450,14 @@ class InklingMLP(nn.Module):
     def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.tp = tp
-        width = tp.split(config.dense_intermediate_size, "dense_intermediate_size")
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * width, bias=False)    # rows [gate | up]
-        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
+        width = config.dense_intermediate_size
+        tp.split(width, "dense_intermediate_size")
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width, width], bias=False)  # [gate | up]
+        self.down_proj = RowParallelLinear(width, config.hidden_size, bias=False, reduce_results=False)
         self.global_scale = nn.Parameter(torch.ones(1))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(swiglu(self.gate_up_proj(hidden_states)))
+        out = self.down_proj(swiglu(self.gate_up_proj(hidden_states)[0]))[0]
         return self.tp.reduce_scatter_last_dim(out) * self.global_scale      # this rank's channels
 
 
@@ -619,7 +671,7 @@ class InklingForCausalLM(nn.Module):
         self.tp = tp or TensorParallel()
         self.stage = stage or PipelineStage.whole(config.num_hidden_layers)
         self.knobs = read_knobs() if knobs is None else knobs   # read once, at construction
-        with vllm_layers_buildable():
+        with vllm_layers_buildable(self.tp):
             self.model = InklingModel(config, self.tp, self.knobs, self.stage)
         self.lm_head = (nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
                         if self.stage.last else MissingLayer())

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import torch
+from vllm.model_executor.layers.linear import LinearBase
 
 from inkling_hpu.checkpoint_names import is_skipped, template_regex
 from inkling_hpu.model.config import InklingPortConfig
@@ -41,6 +42,8 @@ class WeightRule:
             return self.checkpoint, self.port
         return self.checkpoint.format(i=layer), self.port.format(i=layer)
 
+
+QKVR_SHARDS = "qkvr"   # the fused_shard ids, in qkvr_proj's row order
 
 _L = "model.llm.layers.{i}."
 _P = "model.layers.{i}."
@@ -149,16 +152,6 @@ def expected_checkpoint_names(config: InklingPortConfig, *, include_optional: bo
     return names
 
 
-def _fused_offset(module, shard: str) -> tuple[int, int]:
-    sizes = dict(zip("qkvr", module.split_sizes))
-    start = 0
-    for key in "qkvr":
-        if key == shard:
-            return start, sizes[key]
-        start += sizes[key]
-    raise AssertionError(shard)
-
-
 def split_gate_up(interleaved: torch.Tensor, dim: int) -> torch.Tensor:
     """Rows g0, u0, g1, u1, ... along `dim` -> [g0, g1, ... | u0, u1, ...]."""
     pairs = interleaved.unflatten(dim, (-1, 2))
@@ -170,21 +163,50 @@ def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tens
     piece as the loader read it (the whole tensor when replicated or at TP 1), not split here."""
     rule, layer = resolve(checkpoint_name, model.config)
     _, port_name = rule.names(layer)
+    owner = model.get_submodule(port_name.rpartition(".")[0])
+    linear = owner if isinstance(owner, LinearBase) else None
     target = _port_tensor(model, port_name)
-    if rule.fused_shard is not None:
-        attention = model.model.layers[layer].self_attn
-        start, rows = _fused_offset(attention, rule.fused_shard)
-        target = target.narrow(0, start, rows)
-    if tuple(tensor.shape) != tuple(target.shape):
+    expected = _linear_piece_shape(linear, rule) if linear is not None else tuple(target.shape)
+    if tuple(tensor.shape) != expected:
         tp = getattr(model, "tp", None)
         where = f" on TP rank {tp.rank}/{tp.size}" if tp is not None and tp.size > 1 else ""
-        raise WeightError(f"{checkpoint_name}: expected shape {tuple(target.shape)}{where}; "
-                          f"found {tuple(tensor.shape)}")
+        raise WeightError(f"{checkpoint_name}: expected shape {expected}{where}; found {tuple(tensor.shape)}")
+    if linear is not None:
+        _load_linear(linear, rule, tensor)
+        return port_name
     if rule.gate_up_dim is not None:
         tensor = split_gate_up(tensor, rule.gate_up_dim)
     with torch.no_grad():
         target.copy_(tensor.to(target.dtype))
     return port_name
+
+
+def _linear_piece_shape(linear: LinearBase, rule: WeightRule) -> tuple[int, ...]:
+    """The shape of this rank's piece of the checkpoint tensor that fills (a shard of) a vLLM linear."""
+    if rule.fused_shard is not None:
+        return (linear.output_sizes[QKVR_SHARDS.index(rule.fused_shard)] // linear.tp_size, linear.weight.shape[1])
+    return tuple(linear.weight.shape)
+
+
+def _load_linear(linear: LinearBase, rule: WeightRule, tensor: torch.Tensor) -> None:
+    """vLLM's stacked-parameter loading: each piece through the weight's own weight_loader with its shard id
+    (q, k, v, r of qkvr_proj; gate, up of gate_up_proj). The loader read only this rank's slab, which the
+    weight takes as the one rank of one would (its rank set to 0 for the call, as vLLM's own loaders
+    load a slab they were handed whole)."""
+    weight = linear.weight
+    if rule.fused_shard is not None:
+        pieces = [(tensor, QKVR_SHARDS.index(rule.fused_shard))]
+    elif rule.gate_up_dim is not None:
+        pieces = list(zip(split_gate_up(tensor, rule.gate_up_dim).chunk(2, dim=rule.gate_up_dim), (0, 1)))
+    else:
+        pieces = [(tensor, None)]
+    rank, weight.tp_rank = weight.tp_rank, 0
+    try:
+        with torch.no_grad():
+            for piece, shard in pieces:
+                weight.weight_loader(weight, piece.to(weight.dtype), *(() if shard is None else (shard,)))
+    finally:
+        weight.tp_rank = rank
 
 
 def _port_tensor(model: torch.nn.Module, port_name: str) -> torch.Tensor:
