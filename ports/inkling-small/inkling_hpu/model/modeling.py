@@ -444,21 +444,31 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-class InklingMLP(nn.Module):
+class InklingSwiGLU(nn.Module):
+    """down(silu(gate) * up [* a per-token scale]) on vLLM's parallel linears, cut on the intermediate dim:
+    the output is this rank's partial sum."""
+
+    def __init__(self, hidden_size: int, width: int, tp: TensorParallel, what: str) -> None:
+        super().__init__()
+        tp.split(width, what)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [width, width], bias=False)   # [gate | up]
+        self.down_proj = RowParallelLinear(width, hidden_size, bias=False, reduce_results=False)
+
+    def forward(self, hidden_states: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        activated = swiglu(self.gate_up_proj(hidden_states)[0])
+        return self.down_proj(activated if scale is None else activated * scale)[0]
+
+
+class InklingMLP(InklingSwiGLU):
     """Dense SwiGLU MLP (layers below dense_mlp_idx)."""
 
     def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
-        super().__init__()
+        super().__init__(config.hidden_size, config.dense_intermediate_size, tp, "dense_intermediate_size")
         self.tp = tp
-        width = config.dense_intermediate_size
-        tp.split(width, "dense_intermediate_size")
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width, width], bias=False)  # [gate | up]
-        self.down_proj = RowParallelLinear(width, config.hidden_size, bias=False, reduce_results=False)
         self.global_scale = nn.Parameter(torch.ones(1))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = self.down_proj(swiglu(self.gate_up_proj(hidden_states)[0]))[0]
-        return self.tp.reduce_scatter_last_dim(out) * self.global_scale      # this rank's channels
+        return self.tp.reduce_scatter_last_dim(super().forward(hidden_states)) * self.global_scale
 
 
 class InklingTopkRouter(nn.Module):
@@ -553,21 +563,16 @@ class InklingExperts(nn.Module):
         return routed_experts(hidden_states, self.gate_up_proj, self.down_proj, topk_indices, topk_weights)
 
 
-class InklingSharedExperts(nn.Module):
-    """Shared ("sink") experts, each weighted by its router gamma."""
+class InklingSharedExperts(nn.ModuleList):
+    """Shared ("sink") experts, each weighted by its router gamma: one SwiGLU each, their outputs summed in
+    fp32 (as transformers sums them, so bf16 rounds as it does)."""
 
     def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
-        super().__init__()
-        width = tp.split(config.moe_intermediate_size, "MoE intermediate_size")
-        self.n_shared_experts = config.n_shared_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(self.n_shared_experts, 2 * width, config.hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(self.n_shared_experts, config.hidden_size, width))
+        super().__init__(InklingSwiGLU(config.hidden_size, config.moe_intermediate_size, tp, "MoE intermediate_size")
+                         for _ in range(config.n_shared_experts))
 
     def forward(self, hidden_states: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
-        outs = []
-        for expert in range(self.n_shared_experts):
-            activated = swiglu(F.linear(hidden_states, self.gate_up_proj[expert]))
-            outs.append(F.linear(activated * gammas[:, expert:expert + 1], self.down_proj[expert]))
+        outs = [expert(hidden_states, gammas[:, e:e + 1]) for e, expert in enumerate(self)]
         return torch.stack(outs).float().sum(dim=0).to(hidden_states.dtype)
 
 

@@ -1,12 +1,14 @@
 """Checkpoint (TML "OG" format, `model.llm.*`) -> port parameter names, with tensor-parallel splits.
 
 `CHECKPOINT_TO_PORT` is the table the loader uses: one rule per checkpoint tensor kind. `{i}` is the
-layer index. A rule's `dim` is the dimension split across TP ranks (contiguous equal slabs, rank r
-takes slab r); the loader (inkling_hpu.loader, TensorSpec.shard_dim) reads only this rank's slab,
-and `load_tensor` copies that piece into the port parameter (at the rule's row offset for the fused
-q/k/v/r projection). The checkpoint's w13 rows are interleaved (g0, u0, g1, u1, ...), so a contiguous
-slab holds whole (g, u) pairs; `load_tensor` splits the rank's piece once into rows [gate | up]
-(the layout of vLLM's w13 and of vllm-gaudi's fused MoE op), never per step.
+layer index; `{e}` the expert of a stacked tensor whose experts are modules of their own (the shared
+experts). A rule's `dim` is the dimension split across TP ranks (contiguous equal slabs, rank r takes
+slab r); the loader (inkling_hpu.loader, TensorSpec.shard_dim) reads only this rank's slab, and
+`load_tensor` puts that piece into the port: into a vLLM linear through its weight's own weight_loader
+with the shard id (vLLM's stacked-parameter mapping: q/k/v/r of qkvr_proj, gate/up of gate_up_proj),
+anywhere else by a copy. The checkpoint's w13 rows are interleaved (g0, u0, g1, u1, ...), so a
+contiguous slab holds whole (g, u) pairs; `load_tensor` splits the rank's piece once into rows
+[gate | up] (the layout of vLLM's w13 and of vllm-gaudi's fused MoE op), never per step.
 
 Tensors outside the text backbone (`model.visual.*`, `model.audio.*`, `model.mtp.*`) have no rule:
 `is_text_weight` says so without looking at their bytes.
@@ -28,19 +30,19 @@ from inkling_hpu.model.modeling import PipelineStage
 class WeightRule:
     checkpoint: str            # checkpoint name template
     port: str                  # port parameter (or buffer) name template
-    parallel: str              # "column" (split output rows), "row" (split input columns), "replicated"
-    dim: int | None            # dimension split across TP ranks (None when replicated)
+    dim: int | None            # dimension split across TP ranks: the out rows of a column-parallel weight, the in
+                               # columns of a row-parallel one (None: replicated)
     layers: str = "all"        # "all", "dense" (i < dense_mlp_idx), "moe"; not per layer: "first" / "last"
                                # (held by the first / last pipeline stage)
     fused_shard: str | None = None   # q/k/v/r: which slice of the fused qkvr_proj rows this fills
     optional: bool = False     # absent from some checkpoints; the port then keeps its default (1.0)
-    fp32: bool = False         # stored in fp32 in the port whatever the model dtype
     gate_up_dim: int | None = None   # w13: the dim whose interleaved (gate, up) rows load as [gate | up]
 
     def names(self, layer: int | None) -> tuple[str, str]:
+        """(checkpoint name, port name); a port name with `{e}` is one tensor per expert of a stack."""
         if layer is None:
             return self.checkpoint, self.port
-        return self.checkpoint.format(i=layer), self.port.format(i=layer)
+        return self.checkpoint.format(i=layer), self.port.format(i=layer, e="{e}")
 
 
 QKVR_SHARDS = "qkvr"   # the fused_shard ids, in qkvr_proj's row order
@@ -49,40 +51,40 @@ _L = "model.llm.layers.{i}."
 _P = "model.layers.{i}."
 
 CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
-    WeightRule("model.llm.embed.weight", "model.embed_tokens.weight", "replicated", None, "first"),
-    WeightRule("model.llm.embed_norm.weight", "model.embed_tokens.embed_norm.weight", "replicated", None, "first"),
-    WeightRule("model.llm.norm.weight", "model.norm.weight", "replicated", None, "last"),
-    WeightRule("model.llm.unembed.weight", "lm_head.weight", "column", 0, "last"),
-    WeightRule(_L + "attn_norm.weight", _P + "input_layernorm.weight", "replicated", None),
-    WeightRule(_L + "mlp_norm.weight", _P + "post_attention_layernorm.weight", "replicated", None),
-    WeightRule(_L + "attn.wq_du.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="q"),
-    WeightRule(_L + "attn.wk_dv.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="k"),
-    WeightRule(_L + "attn.wv_dv.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="v"),
-    WeightRule(_L + "attn.wr_du.weight", _P + "self_attn.qkvr_proj.weight", "column", 0, fused_shard="r"),
-    WeightRule(_L + "attn.wo_ud.weight", _P + "self_attn.o_proj.weight", "row", 1),
-    WeightRule(_L + "attn.q_norm.weight", _P + "self_attn.q_norm.weight", "replicated", None),
-    WeightRule(_L + "attn.k_norm.weight", _P + "self_attn.k_norm.weight", "replicated", None),
-    WeightRule(_L + "attn.k_sconv.weight", _P + "self_attn.k_sconv.weight", "column", 0, fp32=True),
-    WeightRule(_L + "attn.v_sconv.weight", _P + "self_attn.v_sconv.weight", "column", 0, fp32=True),
-    WeightRule(_L + "attn.rel_logits_proj.proj", _P + "self_attn.rel_logits_proj.proj", "replicated", None),
+    WeightRule("model.llm.embed.weight", "model.embed_tokens.weight", None, "first"),
+    WeightRule("model.llm.embed_norm.weight", "model.embed_tokens.embed_norm.weight", None, "first"),
+    WeightRule("model.llm.norm.weight", "model.norm.weight", None, "last"),
+    WeightRule("model.llm.unembed.weight", "lm_head.weight", 0, "last"),
+    WeightRule(_L + "attn_norm.weight", _P + "input_layernorm.weight", None),
+    WeightRule(_L + "mlp_norm.weight", _P + "post_attention_layernorm.weight", None),
+    WeightRule(_L + "attn.wq_du.weight", _P + "self_attn.qkvr_proj.weight", 0, fused_shard="q"),
+    WeightRule(_L + "attn.wk_dv.weight", _P + "self_attn.qkvr_proj.weight", 0, fused_shard="k"),
+    WeightRule(_L + "attn.wv_dv.weight", _P + "self_attn.qkvr_proj.weight", 0, fused_shard="v"),
+    WeightRule(_L + "attn.wr_du.weight", _P + "self_attn.qkvr_proj.weight", 0, fused_shard="r"),
+    WeightRule(_L + "attn.wo_ud.weight", _P + "self_attn.o_proj.weight", 1),
+    WeightRule(_L + "attn.q_norm.weight", _P + "self_attn.q_norm.weight", None),
+    WeightRule(_L + "attn.k_norm.weight", _P + "self_attn.k_norm.weight", None),
+    WeightRule(_L + "attn.k_sconv.weight", _P + "self_attn.k_sconv.weight", 0),
+    WeightRule(_L + "attn.v_sconv.weight", _P + "self_attn.v_sconv.weight", 0),
+    WeightRule(_L + "attn.rel_logits_proj.proj", _P + "self_attn.rel_logits_proj.proj", None),
     # depthwise convs of the hidden streams: each rank keeps its channels (TensorParallel, modeling.py)
-    WeightRule(_L + "attn_sconv.weight", _P + "attn_sconv.weight", "column", 0, fp32=True),
-    WeightRule(_L + "mlp_sconv.weight", _P + "mlp_sconv.weight", "column", 0, fp32=True),
+    WeightRule(_L + "attn_sconv.weight", _P + "attn_sconv.weight", 0),
+    WeightRule(_L + "mlp_sconv.weight", _P + "mlp_sconv.weight", 0),
     # dense MLP (layers below dense_mlp_idx)
-    WeightRule(_L + "mlp.w13_dn.weight", _P + "mlp.gate_up_proj.weight", "column", 0, "dense", gate_up_dim=0),
-    WeightRule(_L + "mlp.w2_md.weight", _P + "mlp.down_proj.weight", "row", 1, "dense"),
-    WeightRule(_L + "mlp.global_scale", _P + "mlp.global_scale", "replicated", None, "dense", optional=True),
+    WeightRule(_L + "mlp.w13_dn.weight", _P + "mlp.gate_up_proj.weight", 0, "dense", gate_up_dim=0),
+    WeightRule(_L + "mlp.w2_md.weight", _P + "mlp.down_proj.weight", 1, "dense"),
+    WeightRule(_L + "mlp.global_scale", _P + "mlp.global_scale", None, "dense", optional=True),
     # MoE
-    WeightRule(_L + "mlp.gate.weight", _P + "mlp.gate.weight", "replicated", None, "moe"),
-    WeightRule(_L + "mlp.gate.bias", _P + "mlp.gate.e_score_correction_bias", "replicated", None, "moe",
-               fp32=True),
-    WeightRule(_L + "mlp.gate.global_scale", _P + "mlp.gate.global_scale", "replicated", None, "moe",
-               optional=True, fp32=True),
-    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.gate_up_proj", "column", 1, "moe", gate_up_dim=1),
-    WeightRule(_L + "mlp.experts.w2_weight", _P + "mlp.experts.down_proj", "row", 2, "moe"),
-    WeightRule(_L + "mlp.shared_experts.shared_w13_weight", _P + "mlp.shared_experts.gate_up_proj", "column", 1,
-               "moe", gate_up_dim=1),
-    WeightRule(_L + "mlp.shared_experts.shared_w2_weight", _P + "mlp.shared_experts.down_proj", "row", 2, "moe"),
+    WeightRule(_L + "mlp.gate.weight", _P + "mlp.gate.weight", None, "moe"),
+    WeightRule(_L + "mlp.gate.bias", _P + "mlp.gate.e_score_correction_bias", None, "moe"),
+    WeightRule(_L + "mlp.gate.global_scale", _P + "mlp.gate.global_scale", None, "moe", optional=True),
+    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.gate_up_proj", 1, "moe", gate_up_dim=1),
+    WeightRule(_L + "mlp.experts.w2_weight", _P + "mlp.experts.down_proj", 2, "moe"),
+    # shared experts: stacked [S, ...] in the checkpoint, expert {e} of the stack fills the port's module e
+    WeightRule(_L + "mlp.shared_experts.shared_w13_weight", _P + "mlp.shared_experts.{e}.gate_up_proj.weight",
+               1, "moe", gate_up_dim=1),
+    WeightRule(_L + "mlp.shared_experts.shared_w2_weight", _P + "mlp.shared_experts.{e}.down_proj.weight",
+               2, "moe"),
 )
 
 
@@ -163,41 +165,48 @@ def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tens
     piece as the loader read it (the whole tensor when replicated or at TP 1), not split here."""
     rule, layer = resolve(checkpoint_name, model.config)
     _, port_name = rule.names(layer)
+    if "{e}" not in port_name:
+        _load_port_tensor(model, checkpoint_name, port_name, tensor, rule.gate_up_dim, rule.fused_shard)
+        return port_name
+    experts = model.config.n_shared_experts       # a stack of experts, one module each
+    if tensor.shape[0] != experts:
+        raise WeightError(f"{checkpoint_name}: expected a stack of {experts} experts; found {tuple(tensor.shape)}")
+    gate_up_dim = None if rule.gate_up_dim is None else rule.gate_up_dim - 1
+    for expert, piece in enumerate(tensor):
+        _load_port_tensor(model, checkpoint_name, port_name.format(e=expert), piece, gate_up_dim, None)
+    return port_name
+
+
+def _load_port_tensor(model: torch.nn.Module, checkpoint_name: str, port_name: str, tensor: torch.Tensor,
+                      gate_up_dim: int | None, fused_shard: str | None) -> None:
     owner = model.get_submodule(port_name.rpartition(".")[0])
-    linear = owner if isinstance(owner, LinearBase) else None
     target = _port_tensor(model, port_name)
-    expected = _linear_piece_shape(linear, rule) if linear is not None else tuple(target.shape)
+    expected = tuple(target.shape)
+    if fused_shard is not None:     # this shard's rows of the fused projection
+        expected = (owner.output_sizes[QKVR_SHARDS.index(fused_shard)] // owner.tp_size, expected[1])
     if tuple(tensor.shape) != expected:
         tp = getattr(model, "tp", None)
         where = f" on TP rank {tp.rank}/{tp.size}" if tp is not None and tp.size > 1 else ""
         raise WeightError(f"{checkpoint_name}: expected shape {expected}{where}; found {tuple(tensor.shape)}")
-    if linear is not None:
-        _load_linear(linear, rule, tensor)
-        return port_name
-    if rule.gate_up_dim is not None:
-        tensor = split_gate_up(tensor, rule.gate_up_dim)
+    if gate_up_dim is not None:
+        tensor = split_gate_up(tensor, gate_up_dim)
+    if isinstance(owner, LinearBase):
+        _load_linear(owner, tensor, gate_up_dim is not None, fused_shard)
+        return
     with torch.no_grad():
         target.copy_(tensor.to(target.dtype))
-    return port_name
 
 
-def _linear_piece_shape(linear: LinearBase, rule: WeightRule) -> tuple[int, ...]:
-    """The shape of this rank's piece of the checkpoint tensor that fills (a shard of) a vLLM linear."""
-    if rule.fused_shard is not None:
-        return (linear.output_sizes[QKVR_SHARDS.index(rule.fused_shard)] // linear.tp_size, linear.weight.shape[1])
-    return tuple(linear.weight.shape)
-
-
-def _load_linear(linear: LinearBase, rule: WeightRule, tensor: torch.Tensor) -> None:
+def _load_linear(linear: LinearBase, tensor: torch.Tensor, gate_up: bool, fused_shard: str | None) -> None:
     """vLLM's stacked-parameter loading: each piece through the weight's own weight_loader with its shard id
     (q, k, v, r of qkvr_proj; gate, up of gate_up_proj). The loader read only this rank's slab, which the
-    weight takes as the one rank of one would (its rank set to 0 for the call, as vLLM's own loaders
-    load a slab they were handed whole)."""
+    weight takes as the one rank of one would (its rank set to 0 for the call, as vLLM's own loaders do
+    with a slab they are handed whole)."""
     weight = linear.weight
-    if rule.fused_shard is not None:
-        pieces = [(tensor, QKVR_SHARDS.index(rule.fused_shard))]
-    elif rule.gate_up_dim is not None:
-        pieces = list(zip(split_gate_up(tensor, rule.gate_up_dim).chunk(2, dim=rule.gate_up_dim), (0, 1)))
+    if fused_shard is not None:
+        pieces = [(tensor, QKVR_SHARDS.index(fused_shard))]
+    elif gate_up:
+        pieces = list(zip(tensor.chunk(2, dim=0), (0, 1)))
     else:
         pieces = [(tensor, None)]
     rank, weight.tp_rank = weight.tp_rank, 0
