@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
 
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
@@ -681,6 +681,12 @@ class InklingForCausalLM(nn.Module):
         self.lm_head = (nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
                         if self.stage.last else MissingLayer())
         self._dtype = torch.get_default_dtype()
+        for module in self.modules():
+            if isinstance(module, LinearBase):
+                # vLLM's CPU build computes a linear with the kernel its loader picks once the weights are in
+                # (process_weights_after_loading, which a worker's load ends with); a model loaded by the
+                # port's own load_checkpoint (parity, the tests) computes with torch's linear meanwhile
+                module.cpu_linear = F.linear
 
     def forward(self, meta: StepMetadata, caches: InklingCaches,
                 hidden_states: torch.Tensor | None = None) -> torch.Tensor:
