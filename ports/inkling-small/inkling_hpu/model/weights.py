@@ -179,8 +179,9 @@ def load_tensor(model: torch.nn.Module, checkpoint_name: str, tensor: torch.Tens
 
 def _load_port_tensor(model: torch.nn.Module, checkpoint_name: str, port_name: str, tensor: torch.Tensor,
                       gate_up_dim: int | None, fused_shard: str | None) -> None:
-    owner = model.get_submodule(port_name.rpartition(".")[0])
-    target = _port_tensor(model, port_name)
+    owner_name, _, leaf = port_name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    target = _port_tensor(owner, leaf, port_name)
     expected = tuple(target.shape)
     if fused_shard is not None:     # this shard's rows of the fused projection
         expected = (owner.output_sizes[QKVR_SHARDS.index(fused_shard)] // owner.tp_size, expected[1])
@@ -218,9 +219,7 @@ def _load_linear(linear: LinearBase, tensor: torch.Tensor, gate_up: bool, fused_
         weight.tp_rank = rank
 
 
-def _port_tensor(model: torch.nn.Module, port_name: str) -> torch.Tensor:
-    owner_name, _, leaf = port_name.rpartition(".")
-    owner = model.get_submodule(owner_name)
+def _port_tensor(owner: torch.nn.Module, leaf: str, port_name: str) -> torch.Tensor:
     tensor = getattr(owner, leaf, None)
     if not isinstance(tensor, torch.Tensor):
         raise WeightError(f"port model has no tensor {port_name}")
