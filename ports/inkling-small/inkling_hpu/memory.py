@@ -36,7 +36,7 @@ BLOCK_SIZE = guards.REQUIRED_BLOCK_SIZE
 def weights_bytes(config: InklingPortConfig, tp_size: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes of one rank's parameters and buffers (the fp32 ones as fp32), from a meta-device build."""
     with torch.device("meta"):
-        model = InklingForCausalLM(config, tp=TensorParallel(rank=0, size=tp_size), knobs=Knobs()).cast(dtype)
+        model = InklingForCausalLM(config, tp=TensorParallel(rank=0, size=tp_size), knobs=Knobs(), dtype=dtype)
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
 

@@ -214,9 +214,7 @@ def reference_logits(reference: torch.nn.Module, tokens: list[int], vocab_out: i
 def build_port(raw_config: dict[str, Any], checkpoint: dict[str, torch.Tensor], dtype: torch.dtype,
                knobs: Knobs) -> InklingForCausalLM:
     config = InklingPortConfig.from_dict({k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS})
-    model = InklingForCausalLM(config, knobs=knobs)
-    if dtype != torch.float32:
-        model.cast(dtype)
+    model = InklingForCausalLM(config, knobs=knobs, dtype=dtype)
     load_checkpoint(model, checkpoint)
     return model.eval()
 

@@ -28,6 +28,7 @@ from typing import Iterable
 
 import torch
 from torch import nn
+from vllm.model_executor.models.interfaces import SupportsPP
 
 from inkling_hpu import guards
 from inkling_hpu.loader import TensorSpec, TextCheckpoint
@@ -78,14 +79,11 @@ def _rank_and_collectives() -> TensorParallel:
 
 
 def _pipeline_stage(num_layers: int) -> PipelineStage:
-    """This worker's pipeline stage: the layers vLLM's get_pp_indices gives its rank (VLLM_PP_LAYER_PARTITION
-    included), as vLLM's own models split them."""
+    """This worker's pipeline stage: the layers vLLM's make_layers builds on its PP rank."""
     from vllm.distributed import get_pp_group
-    from vllm.distributed.utils import get_pp_indices
 
     group = get_pp_group()
-    start, end = get_pp_indices(num_layers, group.rank_in_group, group.world_size)
-    return PipelineStage(start, end, rank=group.rank_in_group, size=group.world_size)
+    return PipelineStage.of_rank(num_layers, group.rank_in_group, group.world_size)
 
 
 
@@ -217,12 +215,12 @@ class ModelCall:
     rows: torch.Tensor | None = None   # the flat input rows it computes, in its tokens' order (None: all)
 
 
-class InklingVllmModel(nn.Module):
-    """vLLM model class for Inkling: forward(input_ids, positions) -> hidden states. `Platform` (a class
-    attribute set by each platform's registered class) adapts the runner's pool and attention metadata."""
+class InklingVllmModel(nn.Module, SupportsPP):
+    """vLLM model class for Inkling: forward(input_ids, positions) -> hidden states; under pipeline parallel
+    (SupportsPP) a stage of layers, hidden states handed between stages. `Platform` (a class attribute set
+    by each platform's registered class) adapts the runner's pool and attention metadata."""
 
     Platform: type = None   # hpu_glue.HpuPlatform or cpu_glue.CpuPlatform
-    supports_pp = True      # vLLM's SupportsPP: stages of layers, hidden states handed between them
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__()
@@ -232,9 +230,9 @@ class InklingVllmModel(nn.Module):
         self.config = InklingPortConfig.from_object(vllm_config.model_config.hf_config)
         self.platform.check_pipeline_runner(vllm_config.parallel_config.pipeline_parallel_size)
         self.tp = _rank_and_collectives()
-        self.inkling = InklingForCausalLM(self.config, tp=self.tp, stage=_pipeline_stage(self.config.num_hidden_layers))
+        self.inkling = InklingForCausalLM(self.config, tp=self.tp, stage=_pipeline_stage(self.config.num_hidden_layers),
+                                          dtype=vllm_config.model_config.dtype)
         self.stage = self.inkling.stage
-        self.inkling.cast(vllm_config.model_config.dtype)
         logger.info("Inkling %s", check_served_token_ids(vllm_config.model_config, self.inkling.embedding_rows))
         self.block_size = vllm_config.cache_config.block_size
         # One vLLM Attention per layer: it only holds the layer's KV cache (never called). Each
@@ -348,10 +346,7 @@ class InklingVllmModel(nn.Module):
 
     def make_empty_intermediate_tensors(self, batch_size: int, dtype: torch.dtype, device: torch.device):
         """What a stage after the first receives: [tokens, hidden] (vLLM's runners reshape to the input's shape)."""
-        from vllm.sequence import IntermediateTensors
-
-        return IntermediateTensors({"hidden_states": torch.zeros(batch_size, self.config.hidden_size, dtype=dtype,
-                                                                 device=device)})
+        return self.inkling.model.make_empty_intermediate_tensors(batch_size, dtype, device)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.inkling.compute_logits(hidden_states)

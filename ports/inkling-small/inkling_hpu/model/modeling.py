@@ -1,7 +1,11 @@
 """Inkling text backbone, shaped for HPU graphs (no Triton, no CUDA), built from vLLM's layers where vLLM has
-one that computes this model: its `RMSNorm` (on HPU, vllm-gaudi registers its fused kernel over it) and its
-parallel linears for the attention projections and the dense MLP (each platform's GEMM: on vLLM's CPU
-build, its oneDNN or packed kernels).
+one that computes this model, as vLLM's own Inkling (vllm/models/inkling/amd/) is: `RMSNorm` (on HPU,
+vllm-gaudi registers its fused kernel over it), parallel linears for the attention projections, the dense
+MLP and the shared experts (each platform's GEMM: on vLLM's CPU build, its oneDNN or packed kernels), the
+vocab-parallel head and its logits processor, and make_layers / PPMissingLayer for the pipeline stages.
+The embedding is replicated on every rank, as vLLM's Inkling keeps it. The port's own code is what vLLM
+has no layer for: the relative-logits attention over the paged cache, the short convolutions with their
+per-block snapshots, and the channel split of the hidden streams under TP (TensorParallel).
 
 Names mirror transformers 5.24.0's `models/inkling/modeling_inkling.py` where the math is the same;
 the differences are the fused `qkvr_proj`, SwiGLU weights as rows [gate | up] (the checkpoint's
@@ -20,20 +24,19 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vllm.distributed import divide
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.models.utils import (PPMissingLayer, extract_layer_index, make_empty_intermediate_tensors_factory,
+                                              make_layers)
 
+from inkling_hpu.guards import tensor_parallel_refusal
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import Knobs, read_knobs
 from inkling_hpu.model.metadata import FlatDecodeGroup, StepMetadata
-
-# Parameters kept in fp32 whatever the model dtype (as transformers' _keep_in_fp32_modules_strict).
-KEEP_FP32_SUFFIXES = (
-    "k_sconv.weight", "v_sconv.weight", "attn_sconv.weight", "mlp_sconv.weight",
-    "gate.e_score_correction_bias", "gate.global_scale",
-)
-
 
 @functools.cache
 def _default_vllm_config():
@@ -66,43 +69,55 @@ def _one_process_group() -> None:
 
 @dataclass(frozen=True)
 class _RankPlace:
-    """All vLLM's layers read of the TP group while they are built: a rank's place in it."""
+    """All vLLM's layers read of a TP or PP group while they are built: a rank's place in it."""
 
     rank_in_group: int
     world_size: int
 
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank_in_group == self.world_size - 1
+
 
 @contextlib.contextmanager
-def _tp_place(tp: "TensorParallel"):
-    """vLLM's parallel layers take their shard from the TP group when they are built. A worker's group is
-    the model's own; a rank built without its group (the memory arithmetic's meta build at TP 8, the
-    tests' ranks in one process) is built with a stand-in that holds only its place: the layers'
-    forwards never reach the group (the port's collectives are TensorParallel's)."""
+def _rank_places(tp: "TensorParallel", stage: "PipelineStage"):
+    """vLLM's parallel layers take their shard from the TP group, and make_layers its layers from the PP
+    group, when they are built. A worker's groups are the model's own; a rank built without its groups (the
+    memory arithmetic's meta build at TP 8, the tests' ranks and stages in one process) is built with
+    stand-ins that hold only its places: the layers' forwards never reach them (the port's collectives are
+    TensorParallel's)."""
     from vllm.distributed import parallel_state
 
-    group = parallel_state._TP
-    if (group.rank_in_group, group.world_size) == (tp.rank, tp.size):
-        yield
-        return
-    parallel_state._TP = _RankPlace(tp.rank, tp.size)
+    groups = {"_TP": (tp.rank, tp.size), "_PP": (stage.rank, stage.size)}
+    saved = {name: getattr(parallel_state, name) for name in groups}
+    for name, place in groups.items():
+        if (saved[name].rank_in_group, saved[name].world_size) != place:
+            setattr(parallel_state, name, _RankPlace(*place))
     try:
         yield
     finally:
-        parallel_state._TP = group
+        for name, group in saved.items():
+            setattr(parallel_state, name, group)
 
 
 @contextlib.contextmanager
-def vllm_layers_buildable(tp: "TensorParallel"):
-    """vLLM's layers read the current vLLM config and TP group when they are built (a CustomOp picks its
-    platform's forward then). A worker builds the model inside vLLM's own; built anywhere else (parity,
-    the memory arithmetic, the tests), a default CPU config and a one-process group stand in."""
+def vllm_layers_buildable(tp: "TensorParallel", stage: "PipelineStage", dtype: torch.dtype):
+    """vLLM's layers read the current vLLM config and the TP and PP groups when they are built (a CustomOp
+    picks its platform's forward then), and make their parameters in the default dtype (vLLM's loader builds
+    a model under its dtype). A worker builds the model inside vLLM's own; built anywhere else (parity, the
+    memory arithmetic, the tests), a default CPU config and a one-process group stand in."""
     from vllm.config import get_current_vllm_config_or_none, set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with _BUILDING:
+    with _BUILDING, set_default_torch_dtype(dtype):
         config = get_current_vllm_config_or_none()
         with contextlib.nullcontext() if config is not None else set_current_vllm_config(_default_vllm_config()):
             _one_process_group()
-            with _tp_place(tp):
+            with _rank_places(tp, stage):
                 yield
 
 
@@ -124,11 +139,6 @@ class TensorParallel:
     all_gather_last_dim: Callable[[torch.Tensor], torch.Tensor] = _identity
     reduce_scatter_last_dim: Callable[[torch.Tensor], torch.Tensor] = _identity
 
-    def split(self, total: int, what: str) -> int:
-        if total % self.size:
-            raise InklingConfigError(f"{what} ({total}) is not divisible by tensor-parallel size {self.size}")
-        return total // self.size
-
     def own_channels(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """This rank's slab of the last dim (what reduce_scatter_last_dim leaves it)."""
         width = hidden_states.shape[-1] // self.size
@@ -137,13 +147,25 @@ class TensorParallel:
 
 @dataclass(frozen=True)
 class PipelineStage:
-    """The layers [start, end) pipeline stage `rank` of `size` holds (vLLM's get_pp_indices split). The
-    first stage embeds the tokens; the last holds the final norm and the head."""
+    """The layers [start, end) pipeline stage `rank` of `size` holds. The first stage embeds the tokens;
+    the last holds the final norm and the head."""
 
     start: int
     end: int
     rank: int = 0
     size: int = 1
+
+    @classmethod
+    def of_rank(cls, num_layers: int, rank: int, size: int) -> "PipelineStage":
+        """Stage `rank` of `size` as vLLM splits the layers (get_pp_indices, VLLM_PP_LAYER_PARTITION included):
+        the layers make_layers builds on that rank."""
+        from vllm.distributed.utils import get_pp_indices
+
+        return cls(*get_pp_indices(num_layers, rank, size), rank=rank, size=size)
+
+    @classmethod
+    def whole(cls, num_layers: int) -> "PipelineStage":
+        return cls(0, num_layers)
 
     @property
     def first(self) -> bool:
@@ -153,10 +175,6 @@ class PipelineStage:
     def last(self) -> bool:
         return self.rank == self.size - 1
 
-    @classmethod
-    def whole(cls, num_layers: int) -> "PipelineStage":
-        return cls(0, num_layers)
-
     @property
     def layer_ids(self) -> range:
         return range(self.start, self.end)
@@ -164,14 +182,6 @@ class PipelineStage:
     @property
     def is_whole_model(self) -> bool:
         return self.first and self.last
-
-
-class MissingLayer(nn.Module):
-    """What another pipeline stage holds (as vLLM's PPMissingLayer): no parameters, never called, so
-    `model.layers.{i}` keeps the checkpoint's global layer numbering on every stage."""
-
-    def forward(self, *args, **kwargs):
-        raise RuntimeError("this pipeline stage does not hold the layer")
 
 
 def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor) -> None:
@@ -277,14 +287,10 @@ class InklingAttention(nn.Module):
     def __init__(self, config: InklingPortConfig, layer_idx: int, tp: TensorParallel) -> None:
         super().__init__()
         heads, kv_heads, head_dim = config.attention_shape(layer_idx)
-        if kv_heads % tp.size:
-            raise InklingConfigError(
-                f"layer {layer_idx}: {kv_heads} kv heads cannot be split over tensor-parallel size {tp.size}; "
-                "the conv state of K and V is per kv head, so kv heads are never replicated")
         self.layer_idx = layer_idx
         self.tp = tp
-        self.num_heads = tp.split(heads, "query heads")
-        self.num_key_value_heads = kv_heads // tp.size
+        self.num_heads = divide(heads, tp.size)
+        self.num_key_value_heads = divide(kv_heads, tp.size)   # never replicated: K/V conv state is per kv head
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.head_dim = head_dim
         self.d_rel = config.d_rel
@@ -448,9 +454,8 @@ class InklingSwiGLU(nn.Module):
     """down(silu(gate) * up [* a per-token scale]) on vLLM's parallel linears, cut on the intermediate dim:
     the output is this rank's partial sum."""
 
-    def __init__(self, hidden_size: int, width: int, tp: TensorParallel, what: str) -> None:
+    def __init__(self, hidden_size: int, width: int) -> None:
         super().__init__()
-        tp.split(width, what)
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [width, width], bias=False)   # [gate | up]
         self.down_proj = RowParallelLinear(width, hidden_size, bias=False, reduce_results=False)
 
@@ -463,7 +468,7 @@ class InklingMLP(InklingSwiGLU):
     """Dense SwiGLU MLP (layers below dense_mlp_idx)."""
 
     def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
-        super().__init__(config.hidden_size, config.dense_intermediate_size, tp, "dense_intermediate_size")
+        super().__init__(config.hidden_size, config.dense_intermediate_size)
         self.tp = tp
         self.global_scale = nn.Parameter(torch.ones(1))
 
@@ -546,7 +551,7 @@ class InklingExperts(nn.Module):
 
     def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
         super().__init__()
-        width = tp.split(config.moe_intermediate_size, "MoE intermediate_size")
+        width = divide(config.moe_intermediate_size, tp.size)
         self.num_experts = config.n_routed_experts
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * width, config.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, width))
@@ -567,8 +572,8 @@ class InklingSharedExperts(nn.ModuleList):
     """Shared ("sink") experts, each weighted by its router gamma: one SwiGLU each, their outputs summed in
     fp32 (as transformers sums them, so bf16 rounds as it does)."""
 
-    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
-        super().__init__(InklingSwiGLU(config.hidden_size, config.moe_intermediate_size, tp, "MoE intermediate_size")
+    def __init__(self, config: InklingPortConfig) -> None:
+        super().__init__(InklingSwiGLU(config.hidden_size, config.moe_intermediate_size)
                          for _ in range(config.n_shared_experts))
 
     def forward(self, hidden_states: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
@@ -582,7 +587,7 @@ class InklingMoE(nn.Module):
         self.tp = tp
         self.gate = InklingTopkRouter(config)
         self.experts = InklingExperts(config, tp)
-        self.shared_experts = InklingSharedExperts(config, tp)
+        self.shared_experts = InklingSharedExperts(config)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_indices, shared_gammas = self.gate(hidden_states)
@@ -608,7 +613,7 @@ class InklingDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tp = tp
         # depthwise: under tensor parallel each rank convolves its own channels of the hidden streams
-        channels = tp.split(config.hidden_size, "hidden_size")
+        channels = divide(config.hidden_size, tp.size)
         self.attn_sconv = InklingShortConvolution(channels, config.conv_kernel_size)
         self.mlp_sconv = InklingShortConvolution(channels, config.conv_kernel_size)
 
@@ -625,17 +630,24 @@ class InklingDecoderLayer(nn.Module):
 
 
 class InklingModel(nn.Module):
-    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs, stage: PipelineStage) -> None:
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel, knobs: Knobs, stage: PipelineStage,
+                 prefix: str = "model") -> None:
         super().__init__()
         self.config = config
         self.knobs = knobs
-        self.stage = stage
         self.embed_tokens = InklingNormedEmbedding(config.vocab_rows, config.hidden_size, config.rms_norm_eps,
-                                                   config.use_embed_norm) if stage.first else MissingLayer()
-        self.layers = nn.ModuleList(
-            InklingDecoderLayer(config, i, tp, knobs) if i in stage.layer_ids else MissingLayer()
-            for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if stage.last else MissingLayer()
+                                                   config.use_embed_norm) if stage.first else PPMissingLayer()
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers,
+            lambda prefix: InklingDecoderLayer(config, extract_layer_index(prefix), tp, knobs),
+            prefix=f"{prefix}.layers")
+        if (self.start_layer, self.end_layer) != (stage.start, stage.end):
+            raise ValueError(f"pipeline stage {stage.rank} of {stage.size}: expected layers {stage.start}..{stage.end - 1}, "
+                             f"vLLM's split builds {self.start_layer}..{self.end_layer - 1} (PipelineStage.of_rank)")
+        self.stage = stage
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if stage.last else PPMissingLayer()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(["hidden_states"],
+                                                                                       config.hidden_size)
 
     @property
     def stage_layers(self) -> list["InklingDecoderLayer"]:
@@ -664,25 +676,48 @@ class InklingModel(nn.Module):
         return self.norm(hidden_states) if self.stage.last else hidden_states
 
 
+class InklingLogitsProcessor(LogitsProcessor):
+    """vLLM's logits processor over the vocab-parallel head: the head's GEMM by its quant method, each rank's
+    logits gathered, the padded rows trimmed (vocab_out). The gather is the port's TP all-gather: vLLM's own
+    (tensor_model_parallel_all_gather) in a worker, the tests' ranks in one process their own."""
+
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
+        super().__init__(config.vocab_rows, org_vocab_size=config.vocab_out)
+        self.tp = tp
+
+    def _gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather_last_dim(logits)
+
+
 class InklingForCausalLM(nn.Module):
     """The text model: forward(meta, caches) -> hidden states; compute_logits(hidden) -> logits. Under
     pipeline parallel (`stage`), it holds its stage's layers only: the first stage the embedding, the
-    last the final norm and the head."""
+    last the final norm and the head. Its parameters are `dtype` (the default dtype when None), but for those
+    transformers keeps in fp32 (the short convolutions, the router's bias and scale), made fp32."""
 
     def __init__(self, config: InklingPortConfig, *, tp: TensorParallel | None = None,
-                 knobs: Knobs | None = None, stage: PipelineStage | None = None) -> None:
+                 knobs: Knobs | None = None, stage: PipelineStage | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
         self.tp = tp or TensorParallel()
         self.stage = stage or PipelineStage.whole(config.num_hidden_layers)
         self.knobs = read_knobs() if knobs is None else knobs   # read once, at construction
-        with vllm_layers_buildable(self.tp):
+        refusal = tensor_parallel_refusal(config, self.tp.size)
+        if refusal:
+            raise InklingConfigError(refusal)
+        self.dtype = dtype or torch.get_default_dtype()
+        with vllm_layers_buildable(self.tp, self.stage, self.dtype):
             self.model = InklingModel(config, self.tp, self.knobs, self.stage)
-        self.lm_head = (nn.Linear(config.hidden_size, self.tp.split(config.vocab_rows, "vocab rows"), bias=False)
-                        if self.stage.last else MissingLayer())
-        self._dtype = torch.get_default_dtype()
+            if self.stage.last:
+                # the checkpoint's rows are the padded vocabulary already (201,024 = 64 x 3141): the head pads
+                # none of its own, so each rank's rows are the loader's equal slab
+                self.lm_head = ParallelLMHead(config.vocab_rows, config.hidden_size, padding_size=1)
+                self.logits_processor = InklingLogitsProcessor(config, self.tp)
+            else:
+                self.lm_head = PPMissingLayer()
         for module in self.modules():
-            if isinstance(module, LinearBase):
+            if isinstance(module, (LinearBase, VocabParallelEmbedding)):
                 # vLLM's CPU build computes a linear with the kernel its loader picks once the weights are in
                 # (process_weights_after_loading, which a worker's load ends with); a model loaded by the
                 # port's own load_checkpoint (parity, the tests) computes with torch's linear meanwhile
@@ -700,25 +735,10 @@ class InklingForCausalLM(nn.Module):
         return embed.weight.shape[0] if isinstance(embed, InklingNormedEmbedding) else self.config.vocab_rows
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = hidden_states / self.config.logits_mup_width_multiplier
-        logits = self.tp.all_gather_last_dim(self.lm_head(hidden_states))
-        return logits[..., : self.config.vocab_out]
+        # the μP divisor on the hidden states, before the head, as transformers applies it
+        return self.logits_processor(self.lm_head, hidden_states / self.config.logits_mup_width_multiplier)
 
-    # --- dtype and caches ----------------------------------------------------------------------
-    def cast(self, dtype: torch.dtype) -> "InklingForCausalLM":
-        """Cast to `dtype`, keeping the fp32 parameters fp32 (KEEP_FP32_SUFFIXES)."""
-        for name, tensor in list(self.named_parameters()) + list(self.named_buffers()):
-            if name.endswith(KEEP_FP32_SUFFIXES):
-                tensor.data = tensor.data.float()
-            elif tensor.is_floating_point():
-                tensor.data = tensor.data.to(dtype)
-        self._dtype = dtype
-        return self
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
+    # --- caches --------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device

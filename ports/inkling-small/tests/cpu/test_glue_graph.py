@@ -18,6 +18,7 @@ import torch
 
 import model_helpers as helpers
 from model_helpers import one_torch_thread  # noqa: F401  (autouse fixture)
+from inkling_hpu import parity
 from inkling_hpu.model.device_metadata import decode_step_metadata, prefill_step_metadata
 from inkling_hpu.model.metadata import RequestChunk, reference_step_metadata
 
@@ -146,9 +147,8 @@ def test_flat_decode_attention_equals_the_per_request_tables(config, dtype):
 
     from inkling_hpu.model.metadata import flat_decode_group
 
-    model = helpers.port_model(config, helpers.BIAS_BUDGET)
-    if dtype != torch.float32:
-        model.cast(dtype)
+    # the fp32 checkpoint in a model of `dtype` (its weights rounded to bf16 as they load)
+    model = parity.build_port(helpers.load_config(config), helpers.checkpoint(config), dtype, helpers.BIAS_BUDGET)
     kernel = model.config.conv_kernel_size
     caches = model.allocate_caches(40, BLOCK)
     prompts = [[t % 30 for t in _tokens(n, seed=n)] for n in (13, 22, 5)]

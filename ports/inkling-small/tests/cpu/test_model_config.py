@@ -50,5 +50,5 @@ def test_configs_the_port_cannot_serve_are_refused(change, message):
 
 def test_kv_heads_are_never_replicated_across_ranks():
     config = InklingPortConfig.from_dict(_raw())           # global layer: 2 kv heads
-    with pytest.raises(InklingConfigError, match="2 kv heads cannot be split over tensor-parallel size 4"):
+    with pytest.raises(InklingConfigError, match="found 4, which does not divide the KV heads 2"):
         InklingForCausalLM(config, tp=TensorParallel(rank=0, size=4), knobs=Knobs())

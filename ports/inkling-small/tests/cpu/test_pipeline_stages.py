@@ -4,6 +4,8 @@ on in order, reproduce the whole model's logits. A broken hand-off between stage
 (Through vLLM's executor, with real worker processes: test_cpu_server_pipeline_parallel.py.)"""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -39,16 +41,27 @@ class StagedPipeline:
         return self.stages[-1].compute_logits(hidden)
 
 
+@contextlib.contextmanager
+def _partition(bounds: list[int]):
+    """vLLM's split of the layers set to `bounds`' widths (VLLM_PP_LAYER_PARTITION), as a user sets it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_PP_LAYER_PARTITION", ",".join(str(end - start) for start, end in zip(bounds, bounds[1:])))
+        yield
+
+
 def _stages(bounds: list[int]) -> list[PipelineStage]:
-    return [PipelineStage(start, end, rank=rank, size=len(bounds) - 1)
-            for rank, (start, end) in enumerate(zip(bounds, bounds[1:]))]
+    with _partition(bounds):
+        stages = [PipelineStage.of_rank(bounds[-1], rank, len(bounds) - 1) for rank in range(len(bounds) - 1)]
+    assert [(s.start, s.end) for s in stages] == list(zip(bounds, bounds[1:]))
+    return stages
 
 
 def _staged_models(config_name: str, bounds: list[int]) -> list[modeling.InklingForCausalLM]:
     config, tensors = helpers.port_model(config_name).config, helpers.checkpoint(config_name)
     models = []
     for stage in _stages(bounds):
-        model = modeling.InklingForCausalLM(config, knobs=helpers.BIAS_BUDGET, stage=stage)
+        with _partition(bounds):     # make_layers reads the split again when it builds the stage
+            model = modeling.InklingForCausalLM(config, knobs=helpers.BIAS_BUDGET, stage=stage)
         weights.load_checkpoint(model, tensors)     # every tensor offered: the stage takes its own
         models.append(model.eval())
     return models
@@ -102,3 +115,10 @@ def _step(model):
 
     return reference_step_metadata([RequestChunk(token_ids=[5, 6, 7], num_computed=0, block_ids=[1])], block_size=16,
                                conv_kernel_size=model.config.conv_kernel_size, pad_block_id=0)
+
+
+def test_a_stage_other_than_vllms_split_is_refused():
+    """make_layers builds the layers vLLM's split gives the rank; a stage that names others cannot be built."""
+    config = helpers.port_model("tiny-gqa2-mix.json").config     # 4 layers: vLLM gives rank 0 of 2 layers 0..1
+    with pytest.raises(ValueError, match=r"expected layers 0\.\.0, vLLM's split builds 0\.\.1"):
+        modeling.InklingForCausalLM(config, knobs=helpers.BIAS_BUDGET, stage=PipelineStage(0, 1, rank=0, size=2))
