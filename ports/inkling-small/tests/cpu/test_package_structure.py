@@ -89,6 +89,9 @@ def test_each_platform_class_is_the_neutral_class_with_its_adapter():
     for cls, platform in ((hpu_glue.HpuInklingForCausalLM, hpu_glue.HpuPlatform),
                           (cpu_glue.CpuInklingForCausalLM, cpu_glue.CpuPlatform)):
         assert cls.__bases__ == (InklingVllmModel,) and cls.Platform is platform
+        # besides Platform, only what Python writes into any class (a subclass of vLLM's SupportsPP, a
+        # typing.Protocol, gets its ABC bookkeeping too)
         assert set(vars(cls)) <= {"Platform", "__module__", "__doc__", "__qualname__", "__firstlineno__",
-                                  "__static_attributes__"}, cls
+                                  "__static_attributes__", "__abstractmethods__", "__parameters__",
+                                  "__subclasshook__", "_abc_impl", "_is_protocol"}, cls
         assert object in platform.__mro__ and platform.__bases__ == (object,)
