@@ -36,7 +36,9 @@ def page_views(kv: torch.Tensor, block_size: int, kv_heads: int, head_dim: int, 
                taps: int, layer_idx: int = 0) -> LayerCache:
     """A layer's caches inside its pages: `kv` is any view whose dim 0 is the block and whose block stride
     is the page (vLLM's [blocks, heads, block_size, 2 * head_dim] view of the pool). Each page holds K rows
-    [block_size, kv_heads, head_dim], then V rows, then the conv state [taps, channels] of each stream."""
+    [kv_heads, block_size, head_dim] (heads-major: the attention reads a block's rows of one head as one run),
+    then V rows, then the conv state [taps, channels] of each stream. K and V are viewed as the model's
+    [blocks, block_size, kv_heads, head_dim]."""
     num_blocks, page, base = kv.shape[0], kv.stride(0), kv.storage_offset()
     kv_rows = block_size * kv_heads * head_dim
     needed = 2 * kv_rows + taps * sum(channels.values())
@@ -44,7 +46,7 @@ def page_views(kv: torch.Tensor, block_size: int, kv_heads: int, head_dim: int, 
         raise guards.InklingConfigRefused(
             f"Inkling-Small refuses to start: layer {layer_idx}'s KV page holds {page} elements, expected "
             f"{needed} (K, V and the conv state of one block)")
-    rows_shape, rows_stride = (num_blocks, block_size, kv_heads, head_dim), (page, kv_heads * head_dim, head_dim, 1)
+    rows_shape, rows_stride = (num_blocks, block_size, kv_heads, head_dim), (page, head_dim, block_size * head_dim, 1)
     key = kv.as_strided(rows_shape, rows_stride, base)
     value = kv.as_strided(rows_shape, rows_stride, base + kv_rows)
     conv, offset = {}, base + 2 * kv_rows

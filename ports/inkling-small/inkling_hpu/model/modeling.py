@@ -188,7 +188,8 @@ def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Ten
     """Write each token's row at its slot (block * block_size + offset) of a [blocks, block_size, ...] cache.
 
     A cache whose blocks are pages of a larger buffer (vLLM's CPU pool, where each block's page also
-    holds the conv state) is not one run of rows, so it is written by (block, offset)."""
+    holds the conv state) or whose blocks are heads-major is not one run of rows, so it is written by
+    (block, offset)."""
     rows = rows.to(cache.dtype)
     if cache.is_contiguous():
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, rows)
@@ -197,9 +198,24 @@ def write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Ten
         cache.index_put_((slot_mapping // block_size, slot_mapping % block_size), rows)
 
 
+def block_heads(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """The blocks' rows by kv head, [len(blocks), kv_heads, block_size, head_dim]: what the attention's matmuls
+    take as they are (keys transposed by stride, not copied). A cache laid out heads-major in each block (the
+    CPU pages, allocate_caches) gives them by a copy of whole runs; a slot-major one (vllm-gaudi's) by a
+    strided gather, the one copy either way."""
+    return cache.transpose(1, 2).index_select(0, blocks)
+
+
+def request_keys(cache: torch.Tensor, block_index: torch.Tensor, num_requests: int) -> torch.Tensor:
+    """Each request's rows by kv head, [num_requests, kv_heads, keys, head_dim] (block_index: its blocks in
+    order, num_requests runs of the same length)."""
+    rows = block_heads(cache, block_index).unflatten(0, (num_requests, -1))             # [G, nb, KV, B, D]
+    return rows.transpose(1, 2).flatten(2, 3)
+
+
 @dataclass
 class LayerCache:
-    key: torch.Tensor                    # [num_blocks, block_size, kv_heads, head_dim]
+    key: torch.Tensor                    # [num_blocks, block_size, kv_heads, head_dim] (any strides)
     value: torch.Tensor                  # [num_blocks, block_size, kv_heads, head_dim]
     conv: dict[str, torch.Tensor] = field(default_factory=dict)   # stream -> [num_blocks, W-1, channels]
 
@@ -361,17 +377,17 @@ class InklingAttention(nn.Module):
             query = (query.float() * plan.tau[:, :, None, None]).to(query.dtype)
         bias = self.rel_logits_proj(relative, plan)                                   # [G, H, Lc, S]
 
-        keys = cache.key.index_select(0, plan.block_index).view(num_requests, plan.num_keys, kv_heads, head_dim)
-        values = cache.value.index_select(0, plan.block_index).view(num_requests, plan.num_keys, kv_heads, head_dim)
+        keys = request_keys(cache.key, plan.block_index, num_requests)                 # [G, KV, S, D]
+        values = request_keys(cache.value, plan.block_index, num_requests)
         # GQA without repeating K/V: head h = kv * groups + g uses kv head h // groups
         query = query.view(num_requests, rows, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
         query = query.reshape(num_requests, kv_heads, groups * rows, head_dim)
-        scores = torch.matmul(query, keys.permute(0, 2, 3, 1).to(query.dtype)) * self.scaling
+        scores = torch.matmul(query, keys.transpose(-1, -2).to(query.dtype)) * self.scaling
         scores = scores.view(num_requests, self.num_heads, rows, plan.num_keys) + bias
         scores = scores.masked_fill(plan.masked, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         probs = probs.view(num_requests, kv_heads, groups * rows, plan.num_keys)
-        out = torch.matmul(probs, values.permute(0, 2, 1, 3).to(query.dtype))       # [G, KV, g*Lc, D]
+        out = torch.matmul(probs, values.to(query.dtype))                              # [G, KV, g*Lc, D]
         out = out.view(num_requests, kv_heads, groups, rows, head_dim).permute(0, 3, 1, 2, 4)
         return out.reshape(num_requests, rows, self.num_heads * head_dim)
 
@@ -398,10 +414,10 @@ class InklingAttention(nn.Module):
             query = (query.float() * tau[:, None, None]).to(query.dtype)
             rel_logits = (rel_logits.float() * tau[:, None, None]).to(rel_logits.dtype)
         owner_row = owner.clamp(max=num_requests - 1)       # padding blocks borrow row 0..G-1, masked below
-        keys = cache.key.index_select(0, blocks)                                      # [NB, B, KV, D]
-        values = cache.value.index_select(0, blocks)
+        keys = block_heads(cache.key, blocks)                                          # [NB, KV, B, D]
+        values = block_heads(cache.value, blocks)
         block_query = query.index_select(0, owner_row).view(num_blocks, kv_heads, groups, head_dim)
-        scores = torch.matmul(block_query, keys.permute(0, 2, 3, 1).to(query.dtype)) * self.scaling
+        scores = torch.matmul(block_query, keys.transpose(-1, -2).to(query.dtype)) * self.scaling
         scores = scores.view(num_blocks, self.num_heads, block_size)                    # [NB, H, B]
 
         query_pos = positions.index_select(0, owner_row)
@@ -424,7 +440,7 @@ class InklingAttention(nn.Module):
         total = scores.new_zeros(num_requests + 1, self.num_heads).index_add(0, owner, weights.sum(dim=-1))
         probs = (weights / total.index_select(0, owner)[:, :, None]).to(query.dtype)
         probs = probs.view(num_blocks, kv_heads, groups, block_size).float()
-        partial = torch.matmul(probs, values.permute(0, 2, 1, 3).float())                # [NB, KV, g, D]
+        partial = torch.matmul(probs, values.float())                                    # [NB, KV, g, D]
         out = partial.new_zeros(num_requests + 1, kv_heads, groups, head_dim).index_add(0, owner, partial)
         return out[:num_requests].to(query.dtype).reshape(num_requests, self.num_heads * head_dim)
 
@@ -765,7 +781,9 @@ class InklingForCausalLM(nn.Module):
         layers = []
         for layer, conv in zip(self.model.stage_layers, self.allocate_conv_state(num_blocks, device)):
             attn = layer.self_attn
-            kv_shape = (num_blocks, block_size, attn.num_key_value_heads, attn.head_dim)
-            layers.append(LayerCache(key=torch.zeros(kv_shape, dtype=self.dtype, device=device),
-                                     value=torch.zeros(kv_shape, dtype=self.dtype, device=device), conv=conv))
+            # heads-major in each block, as the CPU pages: a block's rows of one kv head are one run
+            kv_shape = (num_blocks, attn.num_key_value_heads, block_size, attn.head_dim)
+            layers.append(LayerCache(key=torch.zeros(kv_shape, dtype=self.dtype, device=device).transpose(1, 2),
+                                     value=torch.zeros(kv_shape, dtype=self.dtype, device=device).transpose(1, 2),
+                                     conv=conv))
         return InklingCaches(block_size=block_size, layers=layers)
