@@ -526,8 +526,11 @@ def routed_experts(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: tor
 
     Each token's contributions are added in expert order, as the all-experts loop adds them, so the
     result is that loop's up to the matmuls' own rounding. The per-expert counts are read on the host
-    (one sync): this is the CPU path; on HPU the glue hands the experts to vllm-gaudi's fused op."""
+    (one sync): this is the CPU path; on HPU the glue hands the experts to vllm-gaudi's fused op. With fewer
+    (token, k) pairs than experts (a decode step), each pair runs alone instead (routed_pairs)."""
     num_tokens, top_k = topk_indices.shape
+    if num_tokens * top_k <= gate_up.shape[0]:
+        return routed_pairs(hidden_states, gate_up, down, topk_indices, topk_weights)
     flat = topk_indices.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
@@ -542,6 +545,25 @@ def routed_experts(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: tor
         activated = swiglu(F.linear(hidden_states.index_select(0, rows), gate_up[expert]))
         out.index_add_(0, rows, F.linear(activated, down[expert]) * weight_of[start:start + count, None])
         start += count
+    return out
+
+
+def routed_pairs(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                 topk_indices: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """routed_experts as one batched matmul over the (token, k) pairs, each with its expert's weights gathered:
+    a few ops whatever the experts, for the small batches where a pass per expert is mostly overhead. Each
+    token's contributions are still added in expert order."""
+    num_tokens, top_k = topk_indices.shape
+    experts, order = topk_indices.sort(dim=-1)                       # each token's experts in ascending order
+    weights = topk_weights.gather(1, order).to(hidden_states.dtype)
+    flat = experts.reshape(-1)
+    pairs = hidden_states.repeat_interleave(top_k, dim=0)[:, None, :]                  # [P, 1, H]
+    activated = swiglu(torch.bmm(pairs, gate_up.index_select(0, flat).transpose(1, 2)))
+    contributions = torch.bmm(activated, down.index_select(0, flat).transpose(1, 2))   # [P, 1, H]
+    contributions = contributions.view(num_tokens, top_k, -1) * weights[..., None]
+    out = torch.zeros_like(hidden_states)
+    for k in range(top_k):
+        out = out + contributions[:, k]
     return out
 
 

@@ -26,7 +26,7 @@ def random_moe(num_tokens: int, num_experts: int, top_k: int, hidden: int, width
     return x, gate_up, down, indices, weights
 
 
-@pytest.mark.parametrize("num_tokens", [1, 16, 300])
+@pytest.mark.parametrize("num_tokens", [1, 4, 16, 300])     # up to 4: fewer pairs than experts (routed_pairs)
 def test_routed_experts_equal_the_all_experts_reference(num_tokens):
     x, gate_up, down, indices, weights = random_moe(num_tokens, 16, 4, 64, 32, seed=num_tokens)
     routed = routed_experts(x, gate_up, down, indices, weights)
@@ -35,8 +35,9 @@ def test_routed_experts_equal_the_all_experts_reference(num_tokens):
     torch.testing.assert_close(routed, reference, rtol=1e-5, atol=1e-6)
 
 
-def test_routed_experts_in_bf16_stay_within_bf16_rounding_of_the_reference():
-    x, gate_up, down, indices, weights = random_moe(64, 16, 4, 64, 32)
+@pytest.mark.parametrize("num_tokens", [3, 64])
+def test_routed_experts_in_bf16_stay_within_bf16_rounding_of_the_reference(num_tokens):
+    x, gate_up, down, indices, weights = random_moe(num_tokens, 16, 4, 64, 32)
     cast = [t.to(torch.bfloat16) for t in (x, gate_up, down)]
     routed = routed_experts(*cast, indices, weights.to(torch.bfloat16)).float()
     reference = all_experts_reference(x, gate_up, down, indices, weights)
