@@ -135,11 +135,10 @@ def main() -> None:
         print(json.dumps(measure(args.threads)))
         return
     if args.before:
+        from tools.cpu_server import port_at
+
         with tempfile.TemporaryDirectory() as scratch:
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", args.before, "ports/inkling-small"],
-                                     check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
-            trees = {f"before ({args.before})": Path(scratch) / "ports/inkling-small",
+            trees = {f"before ({args.before})": port_at(args.before, Path(scratch)),
                      "this tree": REPO / "ports/inkling-small"}
             runs = {label: [] for label in trees}
             for _ in range(args.runs):

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -80,7 +78,6 @@ def steps(model: InklingForCausalLM):
             (f"decode step of {DECODE_REQUESTS} requests", decode, caches)]
 
 
-REPO = Path(__file__).resolve().parents[1]
 SERVED_EXPERTS = (64, 6)
 
 
@@ -90,11 +87,7 @@ def cpu_server_mode(args) -> None:
     venv = cpu_server.server_venv()
     print(f"fix pack: {cpu_server.patch_vllm(venv)}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as scratch:
-        before_tree = Path(scratch)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.before, "ports/inkling-small"],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(before_tree)], input=archive, check=True)
-        plugins = {f"before ({args.before})": cpu_server.port_install(venv, before_tree / "ports/inkling-small"),
+        plugins = {f"before ({args.before})": cpu_server.port_install(venv, cpu_server.port_at(args.before, scratch)),
                    "routed experts (this tree)": cpu_server.port_install(venv)}
     model = cpu_server.tiny_model(venv, plugins["routed experts (this tree)"], experts=SERVED_EXPERTS)
     results = cpu_server.bench_alternated(venv, {label: (model, plugin) for label, plugin in plugins.items()},

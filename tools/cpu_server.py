@@ -122,6 +122,14 @@ def port_install(venv: Path, port: Path = PORT) -> Path:
     return out
 
 
+def port_at(ref: str, scratch: Path) -> Path:
+    """The port as it is at git ref `ref`, extracted under `scratch` (for a benchmark's before/after)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "ports/inkling-small"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
+    return Path(scratch) / "ports/inkling-small"
+
+
 def preflight_requirements(venv: Path) -> Path:
     """What install.sh adds to an image (requirements/cookbook.txt, and preflight.txt for the preflight's CPU
     tests) installed for the server venv's python into a folder of its own, as port_install does for the port."""

@@ -74,14 +74,6 @@ class _RankPlace:
     rank_in_group: int
     world_size: int
 
-    @property
-    def is_first_rank(self) -> bool:
-        return self.rank_in_group == 0
-
-    @property
-    def is_last_rank(self) -> bool:
-        return self.rank_in_group == self.world_size - 1
-
 
 @contextlib.contextmanager
 def _rank_places(tp: "TensorParallel", stage: "PipelineStage"):
