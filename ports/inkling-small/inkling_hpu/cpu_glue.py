@@ -19,6 +19,7 @@ translation differs:
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -30,6 +31,31 @@ from inkling_hpu.vllm_model import InklingVllmModel, ModelCall, logger
 
 # vLLM's KV cache manager keeps block 0 as its null block: never in a request's block table.
 PAD_BLOCK = 0
+
+# TEST-ONLY fault switch, for the failure proof of the prefix-cache gate (tests/cpu/test_gates_trained.py):
+# INKLING_TEST_ONLY_FAULT=conv-snapshot-not-restored makes a request that starts on a prefix-cache hit read
+# no conv state (a fresh request's zeros) instead of its hit block's snapshot. Never set it to serve.
+TEST_ONLY_FAULT = "INKLING_TEST_ONLY_FAULT"
+CONV_SNAPSHOT_NOT_RESTORED = "conv-snapshot-not-restored"
+
+
+class PrefixHitsSeen:
+    """TEST-ONLY (the fault above): the requests of the runner's current step that start on a prefix-cache
+    hit, read from the scheduler output its _update_states takes (new requests with computed tokens)."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.req_ids = runner, set()
+        update_states = runner._update_states
+
+        def recording(scheduler_output):
+            self.req_ids = {new.req_id for new in scheduler_output.scheduled_new_reqs if new.num_computed_tokens}
+            return update_states(scheduler_output)
+
+        runner._update_states = recording
+
+    def batch_rows(self) -> set[int]:
+        index = self.runner.input_batch.req_id_to_index
+        return {index[req_id] for req_id in self.req_ids if req_id in index}
 
 
 def page_views(kv: torch.Tensor, block_size: int, kv_heads: int, head_dim: int, channels: dict[str, int],
@@ -79,6 +105,7 @@ class CpuPlatform:
 
     def __init__(self) -> None:
         self.layer_caches: list[LayerCache] | None = None    # the page views, built once
+        self.prefix_hits_faulted: PrefixHitsSeen | None = None   # TEST-ONLY: the fault switch is set
 
     def runtime_config(self):
         return guards.CPU_RUNTIME
@@ -95,6 +122,10 @@ class CpuPlatform:
             # the CPU worker skips under --enforce-eager: without it the first step fails an assertion.
             runner.intermediate_tensors = model.make_empty_intermediate_tensors(
                 batch_size=runner.max_num_tokens, dtype=model.inkling.dtype, device=runner.device)
+        if runner is not None and os.environ.get(TEST_ONLY_FAULT) == CONV_SNAPSHOT_NOT_RESTORED:
+            logger.warning("Inkling: TEST-ONLY fault %s=%s: prefix-cache hits read no conv state", TEST_ONLY_FAULT,
+                           CONV_SNAPSHOT_NOT_RESTORED)
+            self.prefix_hits_faulted = PrefixHitsSeen(runner)
         if kv_cache_config.needs_kv_cache_zeroing:
             # vLLM would zero new blocks by its own page layout, which is not the glue's.
             raise guards.InklingConfigRefused(
@@ -150,9 +181,14 @@ class CpuPlatform:
         first, *later = writer_layers(requests)
         decodes = [request for request in first if request.num_new == 1]
         calls = [self._decode_call(model, input_ids, decodes, pad_block, taps)] if decodes else []
+        faulted = self.prefix_hits_faulted.batch_rows() if self.prefix_hits_faulted else set()
         for request in [*first, *(request for layer in later for request in layer)]:
             if request not in decodes:
                 calls.append(self._chunk_call(model, input_ids, request, pad_block, taps))
+                if requests.index(request) in faulted:      # TEST-ONLY: the hit's snapshot is not read
+                    step = calls[-1].step
+                    calls[-1] = dataclasses.replace(calls[-1], step=dataclasses.replace(
+                        step, conv_read_blocks=torch.full_like(step.conv_read_blocks, pad_block)))
         return calls
 
     @staticmethod

@@ -14,6 +14,8 @@ RUN_GATES = REPO / "ports" / "inkling-small" / "tests" / "hpu" / "run_gates.sh"
 # The quick rows that judge on the random stand-in checkpoint (the others need a trained model, or a context
 # over 4K, or the image).
 JUDGED_ON_THE_STAND_IN = "greedy,logprobs,prefix-cache,overlong,server-log"
+# The quick rows no CPU server judges (the preflight runs inside the port image; the mid needles need more than 8K).
+GATES_NOT_ON_THIS_SERVER = cpu_server.CPU_SERVER_SKIPS["quick"]
 
 
 def run_gates(server: "cpu_server.CpuServer", mode: str, *args: str, env: dict | None = None,
@@ -27,6 +29,18 @@ def run_gates(server: "cpu_server.CpuServer", mode: str, *args: str, env: dict |
         raise AssertionError(f"run_gates.sh {mode} printed no JSON (exit {proc.returncode}):\n"
                              f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}") from None
     return proc.returncode, report, proc.stderr
+
+
+def load_gates(server: "cpu_server.CpuServer"):
+    """The gates module (tests/hpu/gates.py) as a client of `server`: its chat and stream_chat post there."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gates_client", RUN_GATES.with_name("gates.py"))
+    gates = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gates)
+    gates.BASE_URL = server.base_url
+    gates.discover()
+    return gates
 
 
 def completion_token_ids(server: "cpu_server.CpuServer", prompt: list[int], max_tokens: int) -> tuple[list[int], int]:

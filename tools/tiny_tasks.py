@@ -1,0 +1,179 @@
+"""Synthetic, seeded training data for the trained tiny Inkling (tools/train_tiny_inkling.py): the tasks
+the page's gates ask of a served model, in the served chat template and Inkling's output markup, never
+with a gate's own prompt (`gate_prompts()`; tests/test_tiny_tasks.py checks a large sample).
+
+Each example is a chat (messages, the tools offered) and the assistant's target text, which carries the
+markup the `inkling_py` parsers read:
+- needles: filler prose (varied, or one sentence repeated) with secret codes for random names at random depths, then questions for some of
+  them (one per user turn), answered `<|content_text|>CODE<|end_message|>`;
+- additions of two numbers below 100, answered with the sum;
+- tool calls when tools are offered: `<|message_model|><|content_invoke_tool_json|>{"name": .., "args": ..}
+  <|end_message|>`, the tool and its argument taken from the question;
+- JSON objects when asked: the bare object (what a JSON-mode grammar lets through from the first token);
+- a reasoning block before the answer when asked to think: `<|content_thinking|>..<|end_message|>` then
+  the answer's text block.
+Digits tokenize one by one (the tokenizer's pre-tokenizer), so codes and sums are copied digit by digit.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+END = "<|end_message|>"
+TEXT = "<|content_text|>"
+THINK = "<|content_thinking|>"
+TOOL_CALL = "<|message_model|><|content_invoke_tool_json|>"
+
+# The gates' own fixed prompts and names (tests/hpu/gates.py): training never shows them.
+GATE_NEEDLE_NAMES = ("Aldebaran", "Bellatrix", "Capella", "Deneb", "Electra", "Fomalhaut")
+GATE_FILLER = ("The committee reviewed the quarterly figures, noted the weather in the northern valley, "
+               "and moved on to the next item on a long and uneventful agenda. ")
+
+
+def gate_prompts() -> list[str]:
+    """The gates' fixed prompts, with each needle question the gates can ask."""
+    fixed = ["What is 17 + 25? Answer with the number only.", "Give a JSON object with keys a=1 and b=2.",
+             "What is the weather in Paris?", "Name three prime numbers above 100, briefly.",
+             "Think, then answer: is 221 prime?", "What time is it in UTC? Use the tool.", GATE_FILLER]
+    return fixed + [f"What is the secret code of {name}?" for name in GATE_NEEDLE_NAMES]
+
+
+SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vo", "sel", "dar", "ni", "phe", "us", "or", "bri", "que", "an",
+             "zel", "to", "ri", "mar", "gon", "il", "sa", "the", "ver", "cu", "lix", "po", "en", "dro", "fa")
+SUBJECTS = ("The old miller", "A quiet river", "The council", "Every traveller", "The green valley", "A small boat",
+            "The library", "Her brother", "The morning train", "A careful clerk", "The northern road", "The market")
+VERBS = ("crossed", "watched", "described", "carried", "remembered", "painted", "measured", "followed", "counted",
+         "ignored", "repaired", "visited")
+OBJECTS = ("the long bridge", "a field of barley", "the harbour lights", "three wooden chairs", "the winter garden",
+           "an empty square", "the distant hills", "a box of letters", "the stone tower", "the evening clouds",
+           "a row of lamps", "the narrow stairs")
+TAILS = ("before noon", "without a word", "in the rain", "once again", "for many years", "with some care",
+         "after the fair", "near the coast", "as usual", "at dawn")
+TOPICS = ("weather", "time", "price", "population", "temperature", "score", "news", "traffic", "forecast",
+          "exchange rate", "elevation", "timezone")
+ARG_NAMES = ("city", "zone", "place", "location", "region", "symbol", "team", "code")
+PLACES = ("Paris", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Madrid", "Dublin", "Seoul", "Nairobi",
+          "Perth", "Vienna", "Austin", "UTC", "CET", "EST", "PST", "Rome", "Lagos", "Hanoi", "Delhi")
+KEYS = tuple("abcdefghxyz") + ("name", "count", "id", "size", "color", "ok")
+
+
+def random_name(rng: random.Random) -> str:
+    while True:
+        name = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4))).capitalize()
+        if name not in GATE_NEEDLE_NAMES:
+            return name
+
+
+def sentence(rng: random.Random) -> str:
+    return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}. "
+
+
+def code(rng: random.Random) -> str:
+    return f"{rng.randrange(10**6):06d}"
+
+
+def answer(text: str) -> str:
+    return f"{TEXT}{text}{END}"
+
+
+# --- tasks: each returns (messages, tools, targets): one target per assistant turn ----------------------
+def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list, list[str]]:
+    """A document with 1-4 secret codes at random depths, then a question for each (in random order). A
+    quarter of the documents repeat one sentence, as long-context probes often do."""
+    if rng.random() < 0.25:
+        body = [sentence(rng)] * filler_sentences
+    else:
+        body = [sentence(rng) for _ in range(filler_sentences)]
+    names = []
+    while len(names) < rng.randint(1, 4):
+        name = random_name(rng)
+        if name not in (n for n, _ in names):
+            names.append((name, code(rng)))
+    for name, secret in names:
+        body.insert(rng.randint(0, len(body)), f"The secret code of {name} is {secret}. ")
+    rng.shuffle(names)
+    asks = ["What is the secret code of {}? Answer with the six digits only.",
+            "What is the secret code of {}?", "Give the secret code of {}. Six digits only."]
+    messages, targets = [], []
+    for i, (name, secret) in enumerate(names):
+        question = rng.choice(asks).format(name)
+        messages.append({"role": "user", "content": ("".join(body) + "\n\n" if i == 0 else "") + question})
+        messages.append({"role": "assistant", "content": None})
+        targets.append(answer(secret))
+    return messages, [], targets
+
+
+def addition(rng: random.Random):
+    a, b = rng.randrange(100), rng.randrange(100)
+    ask = rng.choice(["What is {} + {}? Answer with the number only.", "What is {} + {}?", "Add {} and {}."])
+    return [{"role": "user", "content": ask.format(a, b)}], [], [answer(str(a + b))]
+
+
+def tool_call(rng: random.Random):
+    offered = rng.sample(TOPICS, rng.randint(1, 3))
+    tools = [{"type": "function", "function": {
+        "name": "get_" + topic.replace(" ", "_"), "description": f"The {topic} for a place",
+        "parameters": {"type": "object", "properties": {rng.choice(ARG_NAMES): {"type": "string"}}}}}
+        for topic in offered]
+    pick = rng.randrange(len(offered))
+    function = tools[pick]["function"]
+    arg = next(iter(function["parameters"]["properties"]))
+    place = rng.choice(PLACES)
+    ask = rng.choice(["What is the {} in {}?", "What is the {} in {}? Use the tool.", "Find the {} for {}.",
+                      "Tell me the {} in {}."]).format(offered[pick], place)
+    call = json.dumps({"name": function["name"], "args": {arg: place}})
+    return [{"role": "user", "content": ask}], tools, [f"{TOOL_CALL}{call}{END}"]
+
+
+def json_object(rng: random.Random):
+    keys = rng.sample(KEYS, rng.randint(1, 3))
+    values = {k: rng.randrange(10) for k in keys}
+    listed = " and ".join(f"{k}={v}" for k, v in values.items()) if len(keys) < 3 else \
+        ", ".join(f"{k}={v}" for k, v in list(values.items())[:-1]) + f" and {keys[-1]}={values[keys[-1]]}"
+    ask = rng.choice(["Give a JSON object with keys {}.", "Write a JSON object with keys {}.",
+                      "Return JSON with keys {}."]).format(listed)
+    return [{"role": "user", "content": ask}], [], [json.dumps(values)]
+
+
+def divisor(n: int) -> int | None:
+    return next((d for d in range(2, int(n ** 0.5) + 1) if n % d == 0), None)
+
+
+def thinking(rng: random.Random):
+    n = rng.randrange(11, 400)
+    if rng.random() < 0.5:
+        d = divisor(n)
+        reasoning = (f"I check the divisors of {n} up to its square root. " +
+                     (f"{n} = {d} x {n // d}, so it is not prime." if d else f"None divides {n}, so it is prime."))
+        reply = ("No" if d else "Yes") + f", {n} is {'not ' if d else ''}prime."
+        ask = rng.choice(["Think, then answer: is {} prime?", "Think first: is {} a prime number?"]).format(n)
+    else:
+        a, b = rng.randrange(100), rng.randrange(100)
+        reasoning = f"I add {a} and {b}: the sum is {a + b}."
+        reply = str(a + b)
+        ask = rng.choice(["Think, then answer: what is {} + {}?", "Think first: add {} and {}."]).format(a, b)
+    return [{"role": "user", "content": ask}], [], [f"{THINK}{reasoning}{END}{answer(reply)}"]
+
+
+SHORT_TASKS = {"addition": addition, "tool call": tool_call, "JSON": json_object, "thinking": thinking}
+SHORT_TASK_WEIGHTS = {"addition": 4, "tool call": 2, "JSON": 2, "thinking": 2}   # how often each is drawn
+
+
+def short_example(rng: random.Random):
+    name = rng.choices(list(SHORT_TASK_WEIGHTS), weights=list(SHORT_TASK_WEIGHTS.values()))[0]
+    return name, SHORT_TASKS[name](rng)
+
+
+def free_of_gate_prompts(messages: list[dict]) -> bool:
+    text = "\n".join(m["content"] or "" for m in messages)
+    return not any(prompt in text for prompt in gate_prompts())
+
+
+def tokenizer_corpus(seed: int = 0, examples: int = 3000) -> list[str]:
+    """Text the tokenizer's merges are learned from: the training tasks' own prompts and answers."""
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(examples):
+        messages, tools, targets = needles(rng, 4) if rng.random() < 0.3 else short_example(rng)[1]
+        texts += [m["content"] for m in messages if m["content"]] + targets + [json.dumps(tools)]
+    return texts
