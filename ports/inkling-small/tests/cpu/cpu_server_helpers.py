@@ -85,6 +85,12 @@ def served_reference(server: "cpu_server.CpuServer"):
 
     from inkling_hpu import parity
 
+    if not (server.model / "reference.json").exists():     # a trained checkpoint: its own weights, read back
+        from safetensors.torch import load_file
+
+        config = json.loads((server.model / "training.json").read_text())["config"]
+        tensors = {name: t for path in server.model.glob("model-*.safetensors") for name, t in load_file(path).items()}
+        return parity.checkpoint_to_reference(config, tensors), config["unpadded_vocab_size"]
     recorded = json.loads((server.model / "reference.json").read_text())
     return (parity.build_reference(recorded["config"], recorded["seed"], torch.float32),
             recorded["config"]["unpadded_vocab_size"])

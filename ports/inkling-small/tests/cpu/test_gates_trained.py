@@ -14,7 +14,10 @@ import pytest
 from cpu_server_helpers import GATES_NOT_ON_THIS_SERVER, load_gates, prepared, rows, run_gates, table
 from tools import cpu_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400),
+              pytest.mark.skipif(not (cpu_server.TRAINED_MODEL / "training.json").is_file(),
+                                 reason=f"no trained checkpoint at {cpu_server.TRAINED_MODEL}: write it with "
+                                        "tools/train_tiny_inkling.py (not committed yet)")]
 
 MARKUP = ("<|message_", "<|content_", "<|end_message|>")
 

@@ -94,3 +94,15 @@ def test_cli_prints_json_and_exits_zero(tmp_path):
                           capture_output=True, text=True, env=env, timeout=280)
     assert done.returncode == 2
     assert "local_layer_ids" in done.stderr
+
+
+def test_checkpoint_to_reference_reads_back_what_reference_to_checkpoint_wrote():
+    """A checkpoint's tensors back into transformers' Inkling (how the served trained checkpoint gets its
+    reference): every tensor of a random reference returns exactly."""
+    raw = {k: v for k, v in helpers.load_config(helpers.SHIPPED_CONFIGS[0]).items() if k not in ("parity", "description")}
+    reference = parity.build_reference(raw, seed=3, dtype=torch.float32)
+    again = parity.checkpoint_to_reference(raw, parity.reference_to_checkpoint(reference))
+    want, got = reference.state_dict(), again.state_dict()
+    assert set(got) == set(want)
+    assert all(torch.equal(got[name], want[name]) for name in want)
+    assert not torch.equal(got[next(iter(want))], parity.build_reference(raw, 0, torch.float32).state_dict()[next(iter(want))])
