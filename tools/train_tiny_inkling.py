@@ -56,6 +56,11 @@ def render_tools(tools: list) -> str:
     return f"<|system|>\n{lines}</s>\n"
 
 
+def render_turn(message: dict) -> str:
+    """CHAT_TEMPLATE's rendering of one non-assistant turn."""
+    return f"<|{message['role']}|>\n{message['content']}</s>\n"
+
+
 def encode_chat(tok, messages: list[dict], tools: list, targets: list[str]) -> tuple[list[int], list[int]]:
     """Token ids of the chat with each assistant turn's target, and the labels: the targets' tokens and their
     end of text, -100 elsewhere. Each piece is tokenized alone; pieces meet at special tokens or whitespace,
@@ -75,7 +80,7 @@ def encode_chat(tok, messages: list[dict], tools: list, targets: list[str]) -> t
             labels += target
             prompt = "\n"
         else:
-            prompt += f"<|{message['role']}|>\n{message['content']}</s>\n"
+            prompt += render_turn(message)
     return ids, labels
 
 
@@ -157,7 +162,7 @@ def greedy(model, tok, ids: list[int], max_tokens: int) -> str:
 
 
 def prompt_ids(tok, messages: list[dict], tools: list) -> list[int]:
-    return tok(render_tools(tools) + "".join(f"<|{m['role']}|>\n{m['content']}</s>\n" for m in messages)
+    return tok(render_tools(tools) + "".join(map(render_turn, messages))
                + "<|assistant|>\n", add_special_tokens=False)["input_ids"]
 
 
