@@ -84,7 +84,7 @@ def expected_parse(name: str, targets: list[str], tools: list):
     if name == "tool call":
         call = json.loads(target.removeprefix(tiny_tasks.TOOL_CALL).removesuffix(tiny_tasks.END))
         return None, None, [(call["name"], json.dumps(call["args"]))]
-    if name == "thinking":
+    if name in ("thinking", "addition"):      # additions reason column by column first
         reasoning, answer = target.removeprefix(tiny_tasks.THINK).split(tiny_tasks.END, 1)
         return reasoning, answer.removeprefix(tiny_tasks.TEXT).removesuffix(tiny_tasks.END), []
     if name == "JSON":

@@ -6,11 +6,11 @@ Each example is a chat (messages, the tools offered) and the assistant's target 
 markup the `inkling_py` parsers read:
 - needles: filler prose (varied, or one sentence repeated) with secret codes for random names at random depths, then questions for some of
   them (one per user turn), answered `<|content_text|>CODE<|end_message|>`;
-- additions of two numbers below 100, answered with the sum;
+- additions of two numbers below 100: the sum, after a column-by-column reasoning block;
 - tool calls when tools are offered: `<|message_model|><|content_invoke_tool_json|>{"name": .., "args": ..}
   <|end_message|>`, the tool and its argument taken from the question;
 - JSON objects when asked: the bare object (what a JSON-mode grammar lets through from the first token);
-- a reasoning block before the answer when asked to think: `<|content_thinking|>..<|end_message|>` then
+- a reasoning block before the answer when asked to think (is n prime?): `<|content_thinking|>..<|end_message|>` then
   the answer's text block.
 Digits tokenize one by one (the tokenizer's pre-tokenizer), so codes and sums are copied digit by digit.
 """
@@ -43,10 +43,11 @@ SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vo", "sel", "dar", "ni", "phe", "us
 SUBJECTS = ("The old miller", "A quiet river", "The council", "Every traveller", "The green valley", "A small boat",
             "The library", "Her brother", "The morning train", "A careful clerk", "The northern road", "The market")
 VERBS = ("crossed", "watched", "described", "carried", "remembered", "painted", "measured", "followed", "counted",
-         "ignored", "repaired", "visited")
+         "ignored", "repaired", "visited", "discussed", "checked", "opened", "listed", "studied", "passed")
 OBJECTS = ("the long bridge", "a field of barley", "the harbour lights", "three wooden chairs", "the winter garden",
            "an empty square", "the distant hills", "a box of letters", "the stone tower", "the evening clouds",
-           "a row of lamps", "the narrow stairs")
+           "a row of lamps", "the narrow stairs", "the yearly accounts", "the rainfall in the eastern hills",
+           "the last point of a short meeting", "the old records of the port")
 TAILS = ("before noon", "without a word", "in the rain", "once again", "for many years", "with some care",
          "after the fair", "near the coast", "as usual", "at dawn")
 TOPICS = ("weather", "time", "price", "population", "temperature", "score", "news", "traffic", "forecast",
@@ -64,23 +65,14 @@ def random_name(rng: random.Random) -> str:
             return name
 
 
-WORDS = ("the", "a", "of", "and", "in", "on", "with", "for", "to", "was", "were", "had", "its", "their", "after",
-         "before", "while", "again", "long", "small", "quiet", "southern", "numbers", "plan", "garden", "point",
-         "report", "meeting", "season", "harbour", "village", "letters", "evening", "ordinary", "checked", "wrote",
-         "walked", "later", "several", "members", "because", "although", "nothing", "everyone", "yearly", "forest")
-
-
-def word(rng: random.Random) -> str:
-    """A common word, or a made-up one (its tokens are pieces the tokenizer rarely merged)."""
-    return rng.choice(WORDS) if rng.random() < 0.7 else "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4)))
-
-
 def sentence(rng: random.Random) -> str:
-    """A short templated sentence, or a long one of 10-28 words with commas."""
-    if rng.random() < 0.5:
+    """A filler sentence: a short one (subject, verb, object, tail), or a long one of two to four clauses
+    joined by commas and "and", as long-context probes' filler sentences often are. Common words only: a
+    made-up word in the filler would look like a needle's name."""
+    if rng.random() < 0.4:
         return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}. "
-    words = [word(rng) + ("," if rng.random() < 0.12 else "") for _ in range(rng.randint(10, 28))]
-    return " ".join(words).rstrip(",").capitalize() + ". "
+    clauses = [f"{rng.choice(VERBS)} {rng.choice(OBJECTS)}" for _ in range(rng.randint(2, 4))]
+    return (f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]} {rng.choice(TAILS)}. ")
 
 
 def code(rng: random.Random) -> str:
@@ -94,8 +86,8 @@ def answer(text: str) -> str:
 # --- tasks: each returns (messages, tools, targets): one target per assistant turn ----------------------
 def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list, list[str]]:
     """A document with 1-4 secret codes at random depths, then a question for each (in random order). A
-    third of the documents repeat one sentence, as long-context probes often do."""
-    if rng.random() < 0.35:
+    half of the documents repeat one sentence, as long-context probes often do."""
+    if rng.random() < 0.5:
         body = [sentence(rng)] * filler_sentences
     else:
         body = [sentence(rng) for _ in range(filler_sentences)]
@@ -118,10 +110,22 @@ def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list
     return messages, [], targets
 
 
+def column_sum(a: int, b: int) -> tuple[str, str]:
+    """The reasoning for a + b, column by column (units, then tens with the carry), and the sum: a model this
+    small copies digits well but cannot carry in one step."""
+    units, tens = a % 10 + b % 10, a // 10 + b // 10 + (a % 10 + b % 10) // 10
+    carry = " + 1" if units >= 10 else ""
+    reasoning = f"{a % 10} + {b % 10} = {units}. {a // 10} + {b // 10}{carry} = {tens}."
+    return reasoning, str(a + b)
+
+
 def addition(rng: random.Random):
+    """a + b, the sum after a short column-by-column reasoning block (Inkling thinks unless told not to)."""
     a, b = rng.randrange(100), rng.randrange(100)
-    ask = rng.choice(["What is {} + {}? Answer with the number only.", "What is {} + {}?", "Add {} and {}."])
-    return [{"role": "user", "content": ask.format(a, b)}], [], [answer(str(a + b))]
+    ask = rng.choice(["What is {} + {}? Answer with the number only.", "What is {} + {}?", "Add {} and {}.",
+                      "Think, then answer: what is {} + {}?", "Think first: add {} and {}."]).format(a, b)
+    reasoning, total = column_sum(a, b)
+    return [{"role": "user", "content": ask}], [], [f"{THINK}{reasoning}{END}{answer(total)}"]
 
 
 def tool_call(rng: random.Random):
@@ -136,7 +140,8 @@ def tool_call(rng: random.Random):
     place = rng.choice(PLACES)
     ask = rng.choice(["What is the {} in {}?", "What is the {} in {}? Use the tool.", "Find the {} for {}.",
                       "Tell me the {} in {}.", "Look up the {} of {}.", "Which {} does {} have? Use the tool.",
-                      "I need the {} for {}, please.", "Use the tool: the {} in {}."]).format(offered[pick], place)
+                      "I need the {} for {}, please.", "Use the tool: the {} in {}.",
+                      "What {} is it in {}?", "What {} is it in {}? Use the tool."]).format(offered[pick], place)
     call = json.dumps({"name": function["name"], "args": {arg: place}})
     return [{"role": "user", "content": ask}], tools, [f"{TOOL_CALL}{call}{END}"]
 
@@ -157,22 +162,17 @@ def divisor(n: int) -> int | None:
 
 def thinking(rng: random.Random):
     n = rng.randrange(11, 400)
-    if rng.random() < 0.5:
-        d = divisor(n)
-        reasoning = (f"I check the divisors of {n} up to its square root. " +
-                     (f"{n} = {d} x {n // d}, so it is not prime." if d else f"None divides {n}, so it is prime."))
-        reply = ("No" if d else "Yes") + f", {n} is {'not ' if d else ''}prime."
-        ask = rng.choice(["Think, then answer: is {} prime?", "Think first: is {} a prime number?"]).format(n)
-    else:
-        a, b = rng.randrange(100), rng.randrange(100)
-        reasoning = f"I add {a} and {b}: the sum is {a + b}."
-        reply = str(a + b)
-        ask = rng.choice(["Think, then answer: what is {} + {}?", "Think first: add {} and {}."]).format(a, b)
+    d = divisor(n)
+    reasoning = (f"I check the divisors of {n} up to its square root. " +
+                 (f"{n} = {d} x {n // d}, so it is not prime." if d else f"None divides {n}, so it is prime."))
+    reply = ("No" if d else "Yes") + f", {n} is {'not ' if d else ''}prime."
+    ask = rng.choice(["Think, then answer: is {} prime?", "Think first: is {} a prime number?",
+                      "Is {} prime? Think it through."]).format(n)
     return [{"role": "user", "content": ask}], [], [f"{THINK}{reasoning}{END}{answer(reply)}"]
 
 
 SHORT_TASKS = {"addition": addition, "tool call": tool_call, "JSON": json_object, "thinking": thinking}
-SHORT_TASK_WEIGHTS = {"addition": 4, "tool call": 2, "JSON": 2, "thinking": 2}   # how often each is drawn
+SHORT_TASK_WEIGHTS = {"addition": 4, "tool call": 3, "JSON": 1, "thinking": 1}   # how often each is drawn
 
 
 def short_example(rng: random.Random):

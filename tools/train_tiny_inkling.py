@@ -6,7 +6,7 @@ tower tensors, MTP, the index, config.json, a digit-splitting tokenizer with a c
 the tools offered) with a record, `training.json` (data recipe, steps, loss, held-out scores), in place of
 `stand-in.json`.
 
-    <test venv>/bin/python -m tools.train_tiny_inkling OUT_DIR [--seed 0] [--steps-short 1200 --steps-long 300]
+    <test venv>/bin/python -m tools.train_tiny_inkling OUT_DIR [--seed 0] [--steps-short 1100 --steps-long 270]
 
 Seeded and deterministic for a given machine's torch build (one thread order: --threads). Two phases, as
 induction heads form first on short rows: rows of 256-512 tokens, then of 1,024. Each row is either one
@@ -169,22 +169,25 @@ def prompt_ids(tok, messages: list[dict], tools: list) -> list[int]:
 def held_out_scores(model, tok, seed: int, needle_lengths=(512, 2048, 4096, 6144), per_length: int = 8,
                     per_task: int = 24) -> dict:
     """Greedy answers on examples the training never drew (another seed): needle recall by prompt length (one
-    needle, depth spread over the document), and each short task's exact-answer rate."""
+    needle, depth spread over the document) in varied prose and in one sentence repeated, and each short
+    task's exact-answer rate (the whole target: reasoning, markup and answer)."""
     rng = random.Random(seed)
     rows = Rows(tok, seed)
-    scores = {"needle_recall": {}, "tasks": {}}
+    scores = {"needle_recall": {"varied prose": {}, "one sentence repeated": {}}, "tasks": {}}
     model.eval()
-    for length in needle_lengths:
-        found = 0
-        for i in range(per_length):
-            sentences = max(2, int((length - 60) / rows.tokens_per_sentence))
-            body = [tiny_tasks.sentence(rng) for _ in range(sentences)]
-            name, secret = tiny_tasks.random_name(rng), tiny_tasks.code(rng)
-            body.insert(round(i / max(1, per_length - 1) * len(body)), f"The secret code of {name} is {secret}. ")
-            question = f"What is the secret code of {name}? Answer with the six digits only."
-            text = greedy(model, tok, prompt_ids(tok, [{"role": "user", "content": "".join(body) + "\n\n" + question}], []), 10)
-            found += secret in text
-        scores["needle_recall"][str(length)] = found / per_length
+    for filler, by_length in scores["needle_recall"].items():
+        for length in needle_lengths:
+            found = 0
+            for i in range(per_length):
+                sentences = max(2, int((length - 60) / rows.tokens_per_sentence))
+                body = ([tiny_tasks.sentence(rng)] * sentences if filler == "one sentence repeated"
+                        else [tiny_tasks.sentence(rng) for _ in range(sentences)])
+                name, secret = tiny_tasks.random_name(rng), tiny_tasks.code(rng)
+                body.insert(round(i / max(1, per_length - 1) * len(body)), f"The secret code of {name} is {secret}. ")
+                question = f"What is the secret code of {name}? Answer with the six digits only."
+                ids = prompt_ids(tok, [{"role": "user", "content": "".join(body) + "\n\n" + question}], [])
+                found += secret in greedy(model, tok, ids, 10)
+            by_length[str(length)] = found / per_length
     for name, task in tiny_tasks.SHORT_TASKS.items():
         right = 0
         for _ in range(per_task):
@@ -242,7 +245,8 @@ def train(out: Path, seed: int, steps_short: int, steps_long: int, lr: float, th
               "learning_rate": lr, "threads": threads, "training_minutes": round(minutes, 1),
               "parameters": sum(p.numel() for p in model.parameters()),
               "loss": {"first 50 steps": sum(losses[:50]) / len(losses[:50]), "last 50 steps": sum(losses[-50:]) / len(losses[-50:])},
-              "data": {"needles": "1-4 secret codes (random names, 6 random digits) in generated prose; a question each",
+              "data": {"needles": "1-4 secret codes (random names, 6 random digits) in generated prose (half: one "
+                                  "sentence repeated); a question each",
                        "short tasks (weights)": tiny_tasks.SHORT_TASK_WEIGHTS,
                        "gate prompts excluded": tiny_tasks.gate_prompts()},
               "config": config, "held_out": scores}
@@ -254,8 +258,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps-short", type=int, default=1200)
-    parser.add_argument("--steps-long", type=int, default=300)
+    parser.add_argument("--steps-short", type=int, default=1100)
+    parser.add_argument("--steps-long", type=int, default=270)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--held-out", type=int, default=8,
