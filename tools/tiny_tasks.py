@@ -75,6 +75,15 @@ def sentence(rng: random.Random) -> str:
     return (f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]} {rng.choice(TAILS)}. ")
 
 
+def filler(rng: random.Random, sentences: int, repeated: bool) -> list[str]:
+    """A needle document's filler: varied sentences, or one sentence repeated."""
+    return [sentence(rng)] * sentences if repeated else [sentence(rng) for _ in range(sentences)]
+
+
+def needle_sentence(name: str, secret: str) -> str:
+    return f"The secret code of {name} is {secret}. "
+
+
 def code(rng: random.Random) -> str:
     return f"{rng.randrange(10**6):06d}"
 
@@ -85,19 +94,16 @@ def answer(text: str) -> str:
 
 # --- tasks: each returns (messages, tools, targets): one target per assistant turn ----------------------
 def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list, list[str]]:
-    """A document with 1-4 secret codes at random depths, then a question for each (in random order). A
-    half of the documents repeat one sentence, as long-context probes often do."""
-    if rng.random() < 0.5:
-        body = [sentence(rng)] * filler_sentences
-    else:
-        body = [sentence(rng) for _ in range(filler_sentences)]
+    """A document with 1-4 secret codes at random depths, then a question for each (in random order). Half
+    of the documents repeat one sentence, as long-context probes often do."""
+    body = filler(rng, filler_sentences, repeated=rng.random() < 0.5)
     names = []
     while len(names) < rng.randint(1, 4):
         name = random_name(rng)
         if name not in (n for n, _ in names):
             names.append((name, code(rng)))
     for name, secret in names:
-        body.insert(rng.randint(0, len(body)), f"The secret code of {name} is {secret}. ")
+        body.insert(rng.randint(0, len(body)), needle_sentence(name, secret))
     rng.shuffle(names)
     asks = ["What is the secret code of {}? Answer with the six digits only.",
             "What is the secret code of {}?", "Give the secret code of {}. Six digits only."]

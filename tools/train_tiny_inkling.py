@@ -9,7 +9,7 @@ the tools offered) with a record, `training.json` (data recipe, steps, loss, hel
     <test venv>/bin/python -m tools.train_tiny_inkling OUT_DIR [--seed 0] [--steps-short 1100 --steps-long 270]
 
 Seeded and deterministic for a given machine's torch build (one thread order: --threads). Two phases, as
-induction heads form first on short rows: rows of 256-512 tokens, then of 1,024. Each row is either one
+induction heads form first on short rows: rows of 384 tokens, then of 1,024. Each row is either one
 needle document with its questions, or short tasks packed one after another; the loss covers only the
 assistant's tokens (answers, markup and the end of text).
 """
@@ -173,17 +173,16 @@ def held_out_scores(model, tok, seed: int, needle_lengths=(512, 2048, 4096, 6144
     task's exact-answer rate (the whole target: reasoning, markup and answer)."""
     rng = random.Random(seed)
     rows = Rows(tok, seed)
-    scores = {"needle_recall": {"varied prose": {}, "one sentence repeated": {}}, "tasks": {}}
+    scores = {"needle_recall": {}, "tasks": {}}
     model.eval()
-    for filler, by_length in scores["needle_recall"].items():
+    for filler, repeated in (("varied prose", False), ("one sentence repeated", True)):
+        by_length = scores["needle_recall"][filler] = {}
         for length in needle_lengths:
             found = 0
             for i in range(per_length):
-                sentences = max(2, int((length - 60) / rows.tokens_per_sentence))
-                body = ([tiny_tasks.sentence(rng)] * sentences if filler == "one sentence repeated"
-                        else [tiny_tasks.sentence(rng) for _ in range(sentences)])
+                body = tiny_tasks.filler(rng, max(2, int((length - 60) / rows.tokens_per_sentence)), repeated)
                 name, secret = tiny_tasks.random_name(rng), tiny_tasks.code(rng)
-                body.insert(round(i / max(1, per_length - 1) * len(body)), f"The secret code of {name} is {secret}. ")
+                body.insert(round(i / max(1, per_length - 1) * len(body)), tiny_tasks.needle_sentence(name, secret))
                 question = f"What is the secret code of {name}? Answer with the six digits only."
                 ids = prompt_ids(tok, [{"role": "user", "content": "".join(body) + "\n\n" + question}], [])
                 found += secret in greedy(model, tok, ids, 10)
