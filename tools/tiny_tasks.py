@@ -65,19 +65,36 @@ def random_name(rng: random.Random) -> str:
             return name
 
 
-def sentence(rng: random.Random) -> str:
+# Made-up lowercase words: a real document's rarer words, which a small tokenizer cuts into pieces (the
+# gates' filler tokenizes so). Built from other pieces than the names' syllables, but they share letters.
+ONSETS = ("b", "c", "d", "f", "g", "h", "m", "n", "p", "r", "s", "t", "w", "st", "tr", "pl", "gr", "ch", "sh", "sp")
+VOWELS = ("a", "e", "i", "o", "u", "ea", "ou", "ai", "ee", "oi")
+CODAS = ("", "n", "r", "t", "s", "nd", "st", "ck", "ll", "m", "ng", "ful", "ment", "ly", "ing", "ed", "ure", "ive")
+
+
+def rare_word(rng: random.Random) -> str:
+    return "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(rng.choice((1, 1, 2, 2, 3))))
+
+
+def sentence(rng: random.Random, rare: float = 0.0) -> str:
     """A filler sentence: a short one (subject, verb, object, tail), or a long one of two to four clauses
-    joined by commas and "and", as long-context probes' filler sentences often are. Common words only: a
-    made-up word in the filler would look like a needle's name."""
+    joined by commas and "and", as long-context probes' filler sentences often are. Each word after the
+    first is a made-up one with probability `rare`."""
     if rng.random() < 0.4:
-        return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}. "
-    clauses = [f"{rng.choice(VERBS)} {rng.choice(OBJECTS)}" for _ in range(rng.randint(2, 4))]
-    return (f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]} {rng.choice(TAILS)}. ")
+        text = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}"
+    else:
+        clauses = [f"{rng.choice(VERBS)} {rng.choice(OBJECTS)}" for _ in range(rng.randint(2, 4))]
+        text = f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]} {rng.choice(TAILS)}"
+    first, *rest = text.split(" ")
+    words = [rare_word(rng) + word[-1] * (word[-1] == ",") if rng.random() < rare else word for word in rest]
+    return " ".join([first, *words]) + ". "
 
 
 def filler(rng: random.Random, sentences: int, repeated: bool) -> list[str]:
-    """A needle document's filler: varied sentences, or one sentence repeated."""
-    return [sentence(rng)] * sentences if repeated else [sentence(rng) for _ in range(sentences)]
+    """A needle document's filler: varied sentences, or one sentence repeated; in a third of the documents a
+    quarter of the words are made up, in another third half of them."""
+    rare = rng.choice((0.0, 0.25, 0.5))
+    return [sentence(rng, rare)] * sentences if repeated else [sentence(rng, rare) for _ in range(sentences)]
 
 
 def needle_sentence(name: str, secret: str) -> str:

@@ -6,7 +6,7 @@ tower tensors, MTP, the index, config.json, a digit-splitting tokenizer with a c
 the tools offered) with a record, `training.json` (data recipe, steps, loss, held-out scores), in place of
 `stand-in.json`.
 
-    <test venv>/bin/python -m tools.train_tiny_inkling OUT_DIR [--seed 0] [--steps-short 1100 --steps-long 270]
+    <test venv>/bin/python -m tools.train_tiny_inkling OUT_DIR [--seed 0] [--steps-short 1100 --steps-long 750]
 
 Seeded and deterministic for a given machine's torch build (one thread order: --threads). Two phases, as
 induction heads form first on short rows: rows of 384 tokens, then of 1,024. Each row is either one
@@ -90,7 +90,8 @@ class Rows:
     def __init__(self, tok, seed: int) -> None:
         self.tok = tok
         self.rng = random.Random(seed)
-        self.tokens_per_sentence = len(tok("".join(tiny_tasks.sentence(self.rng) for _ in range(50)))["input_ids"]) / 50
+        sample = "".join(tiny_tasks.sentence(self.rng, rare) for rare in (0.0, 0.25, 0.5) for _ in range(20))
+        self.tokens_per_sentence = len(tok(sample)["input_ids"]) / 60
 
     def needle_row(self, length: int) -> tuple[list[int], list[int]]:
         while True:
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps-short", type=int, default=1100)
-    parser.add_argument("--steps-long", type=int, default=270)
+    parser.add_argument("--steps-long", type=int, default=750)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--held-out", type=int, default=8,

@@ -32,7 +32,7 @@ from inkling_hpu.vllm_model import InklingVllmModel, ModelCall, logger
 # vLLM's KV cache manager keeps block 0 as its null block: never in a request's block table.
 PAD_BLOCK = 0
 
-# TEST-ONLY fault switch, for the failure proof of the prefix-cache gate (tests/cpu/test_gates_trained.py):
+# TEST-ONLY fault switch, for the failure proof of the prefix-cache gate (tests/cpu/test_gates_trained_faults.py):
 # INKLING_TEST_ONLY_FAULT=conv-snapshot-not-restored makes a request that starts on a prefix-cache hit read
 # no conv state (a fresh request's zeros) instead of its hit block's snapshot. Never set it to serve.
 TEST_ONLY_FAULT = "INKLING_TEST_ONLY_FAULT"

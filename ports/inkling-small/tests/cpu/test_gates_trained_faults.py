@@ -1,4 +1,4 @@
-"""Failure proofs of the semantic gates: on the trained tiny Inkling (test_gates_trained.py, where every quick
+"""Failure proofs of the semantic gates: on the trained tiny Inkling (test_gates_cpu_server.py, where every quick
 gate passes), two real faults of the serving path each make a named gate row fail.
 - A prefix-cache hit whose conv-state snapshot is not restored (the CPU glue's TEST-ONLY fault switch,
   INKLING_TEST_ONLY_FAULT=conv-snapshot-not-restored): the prefix-cache row fails.
@@ -13,10 +13,7 @@ from cpu_server_helpers import prepared, rows, run_gates, table
 from inkling_hpu.cpu_glue import CONV_SNAPSHOT_NOT_RESTORED, TEST_ONLY_FAULT
 from tools import cpu_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400),
-              pytest.mark.skipif(not (cpu_server.TRAINED_MODEL / "training.json").is_file(),
-                                 reason=f"no trained checkpoint at {cpu_server.TRAINED_MODEL}: write it with "
-                                        "tools/train_tiny_inkling.py (not committed yet)")]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
 
 PARSER_FLAGS = {"--tool-call-parser": 1, "--reasoning-parser": 1, "--enable-auto-tool-choice": 0}
 
