@@ -287,6 +287,11 @@ class CpuServer:
         if self.ray_nodes is not None:
             self.ray_nodes.stop()
 
+    @property
+    def served_model(self) -> str:
+        """The name the server answers to: its command's --served-model-name (the recipe's, or prepared()'s)."""
+        return server_flag(self.cmd, "--served-model-name")
+
     def __enter__(self):
         return self.start()
 

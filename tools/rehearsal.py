@@ -77,6 +77,7 @@ class PortContainer:
     model_dir: Path
     name: str = "inkling-small-cpu"
     port: int = field(default_factory=cpu_server.free_port)
+    served_model: str = SERVED_MODEL
 
     @property
     def line(self) -> str:
@@ -129,7 +130,7 @@ class PortContainer:
         return self.model_dir
 
     def greedy_tokens(self, prompt: str = "The port image serves", max_tokens: int = 16) -> list[int]:
-        return cpu_server.completion_token_ids(self.base_url, prompt, max_tokens, SERVED_MODEL)[0]
+        return cpu_server.completion_token_ids(self.base_url, prompt, max_tokens, self.served_model)[0]
 
     def gate_env(self) -> dict:
         """run_gates.sh's environment inside the container: its own server, its own log, the CPU variant's

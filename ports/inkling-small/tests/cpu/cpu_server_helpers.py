@@ -45,7 +45,7 @@ def load_gates(server: "cpu_server.CpuServer"):
 
 def completion_token_ids(server: "cpu_server.CpuServer", prompt: list[int], max_tokens: int) -> tuple[list[int], int]:
     """(greedy completion token ids, cached prompt tokens) of one /v1/completions request."""
-    return cpu_server.completion_token_ids(server.base_url, prompt, max_tokens, model=cpu_server.served_name(server))
+    return cpu_server.completion_token_ids(server.base_url, prompt, max_tokens, model=server.served_model)
 
 
 def rows(report: dict) -> dict[str, dict]:
