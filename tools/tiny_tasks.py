@@ -86,14 +86,18 @@ def sentence(rng: random.Random, rare: float = 0.0) -> str:
         clauses = [f"{rng.choice(VERBS)} {rng.choice(OBJECTS)}" for _ in range(rng.randint(2, 4))]
         text = f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]} {rng.choice(TAILS)}"
     first, *rest = text.split(" ")
-    words = [rare_word(rng) + word[-1] * (word[-1] == ",") if rng.random() < rare else word for word in rest]
+    words = [rare_word(rng) + ("," if word.endswith(",") else "") if rng.random() < rare else word for word in rest]
     return " ".join([first, *words]) + ". "
+
+
+# Shares of made-up words in a needle document's filler, one drawn per document.
+RARE_WORD_SHARES = (0.0, 0.25, 0.5)
 
 
 def filler(rng: random.Random, sentences: int, repeated: bool) -> list[str]:
     """A needle document's filler: varied sentences, or one sentence repeated; in a third of the documents a
     quarter of the words are made up, in another third half of them."""
-    rare = rng.choice((0.0, 0.25, 0.5))
+    rare = rng.choice(RARE_WORD_SHARES)
     return [sentence(rng, rare)] * sentences if repeated else [sentence(rng, rare) for _ in range(sentences)]
 
 

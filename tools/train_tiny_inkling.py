@@ -90,8 +90,8 @@ class Rows:
     def __init__(self, tok, seed: int) -> None:
         self.tok = tok
         self.rng = random.Random(seed)
-        sample = "".join(tiny_tasks.sentence(self.rng, rare) for rare in (0.0, 0.25, 0.5) for _ in range(20))
-        self.tokens_per_sentence = len(tok(sample)["input_ids"]) / 60
+        sample = "".join(tiny_tasks.sentence(self.rng, rare) for rare in tiny_tasks.RARE_WORD_SHARES for _ in range(20))
+        self.tokens_per_sentence = len(tok(sample)["input_ids"]) / (20 * len(tiny_tasks.RARE_WORD_SHARES))
 
     def needle_row(self, length: int) -> tuple[list[int], list[int]]:
         while True:
