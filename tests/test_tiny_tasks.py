@@ -109,3 +109,16 @@ def test_targets_parse_as_answers_calls_and_reasoning():
         for got in (whole, streamed):
             calls = [(n, json.dumps(json.loads(a))) for n, a in got.calls]
             assert (got.reasoning, got.content, calls) == want, (name, targets[0])
+
+
+def test_needle_documents_hold_numbers_that_are_not_codes():
+    """Codes are found by their name, not as the only digits around: most documents carry an id, a date, a
+    year or an order number besides them (the gates' prompts start with a hex id)."""
+    import re
+
+    rng, with_numbers = random.Random(2), 0
+    for _ in range(200):
+        messages, _, _ = tiny_tasks.needles(rng, 20)
+        others = re.sub(r"The secret code of \w+ is \d{6}\. ", "", messages[0]["content"])
+        with_numbers += bool(re.search(r"\d", others))
+    assert with_numbers > 200 * tiny_tasks.HEAD_SHARE

@@ -72,6 +72,28 @@ VOWELS = ("a", "e", "i", "o", "u", "ea", "ou", "ai", "ee", "oi")
 CODAS = ("", "n", "r", "t", "s", "nd", "st", "ck", "ll", "m", "ng", "ful", "ment", "ly", "ing", "ed", "ure", "ive")
 
 
+# Numbers that are not codes: sentence tails (a year, a count, six-digit order numbers) and document heads
+# (ids in hex or digits, as the gates' own `fresh_head()` puts one first).
+NUMBER_TAIL_SHARE = 0.2
+NUMBER_TAILS = (lambda rng: f"in {rng.randint(1700, 2030)}", lambda rng: f"for {rng.randint(2, 90)} days",
+                lambda rng: f"at number {rng.randint(1, 999)}", lambda rng: f"under order {code(rng)}",
+                lambda rng: f"with {rng.randint(10, 9999)} others")
+HEADS = (lambda rng: f"Document {hex_id(rng)}. ", lambda rng: f"Report {rng.randrange(10**8)}. ",
+         lambda rng: f"File {hex_id(rng)}-{rng.randint(1, 99)}. ", lambda rng: f"Record {code(rng)} of the archive. ",
+         lambda rng: f"Minutes, {rng.randint(1, 28)} {rng.choice(MONTHS)} {rng.randint(1900, 2030)}. ")
+MONTHS = ("January", "March", "May", "July", "September", "November")
+HEAD_SHARE = 0.6
+
+
+def hex_id(rng: random.Random) -> str:
+    return f"{rng.randrange(16 ** 12):0{rng.choice((6, 8, 12, 16))}x}"
+
+
+def head(rng: random.Random) -> str:
+    """A needle document's first line: an id or a date in HEAD_SHARE of the documents, else nothing."""
+    return rng.choice(HEADS)(rng) if rng.random() < HEAD_SHARE else ""
+
+
 def rare_word(rng: random.Random) -> str:
     return "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(rng.choice((1, 1, 2, 2, 3))))
 
@@ -79,15 +101,18 @@ def rare_word(rng: random.Random) -> str:
 def sentence(rng: random.Random, rare: float = 0.0) -> str:
     """A filler sentence: a short one (subject, verb, object, tail), or a long one of two to four clauses
     joined by commas and "and", as long-context probes' filler sentences often are. Each word after the
-    first is a made-up one with probability `rare`."""
+    first and before the tail is a made-up one with probability `rare`; one tail in NUMBER_TAIL_SHARE holds a
+    number (a year, a count, an order of six digits), so that a code is found by its name, not by being the
+    only digits in the document."""
     if rng.random() < 0.4:
-        text = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}"
+        text = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}"
     else:
         clauses = [f"{rng.choice(VERBS)} {rng.choice(OBJECTS)}" for _ in range(rng.randint(2, 4))]
-        text = f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]} {rng.choice(TAILS)}"
+        text = f"{rng.choice(SUBJECTS)} {', '.join(clauses[:-1])}, and {clauses[-1]}"
     first, *rest = text.split(" ")
     words = [rare_word(rng) + ("," if word.endswith(",") else "") if rng.random() < rare else word for word in rest]
-    return " ".join([first, *words]) + ". "
+    tail = rng.choice(NUMBER_TAILS)(rng) if rng.random() < NUMBER_TAIL_SHARE else rng.choice(TAILS)
+    return " ".join([first, *words, tail]) + ". "
 
 
 # Shares of made-up words in a needle document's filler, one drawn per document.
@@ -115,8 +140,8 @@ def answer(text: str) -> str:
 
 # --- tasks: each returns (messages, tools, targets): one target per assistant turn ----------------------
 def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list, list[str]]:
-    """A document with 1-4 secret codes at random depths, then a question for each (in random order). Half
-    of the documents repeat one sentence, as long-context probes often do."""
+    """A document (after its head, if any) with 1-4 secret codes at random depths, then a question for each
+    (in random order). Half of the documents repeat one sentence, as long-context probes often do."""
     body = filler(rng, filler_sentences, repeated=rng.random() < 0.5)
     names = []
     while len(names) < rng.randint(1, 4):
@@ -125,6 +150,7 @@ def needles(rng: random.Random, filler_sentences: int) -> tuple[list[dict], list
             names.append((name, code(rng)))
     for name, secret in names:
         body.insert(rng.randint(0, len(body)), needle_sentence(name, secret))
+    body.insert(0, head(rng))
     rng.shuffle(names)
     asks = ["What is the secret code of {}? Answer with the six digits only.",
             "What is the secret code of {}?", "Give the secret code of {}. Six digits only."]

@@ -167,7 +167,7 @@ def prompt_ids(tok, messages: list[dict], tools: list) -> list[int]:
                + "<|assistant|>\n", add_special_tokens=False)["input_ids"]
 
 
-def held_out_scores(model, tok, seed: int, needle_lengths=(512, 2048, 4096, 6144), per_length: int = 8,
+def held_out_scores(model, tok, seed: int, needle_lengths=(512, 2048, 4096, 6144, 8192), per_length: int = 8,
                     per_task: int = 24) -> dict:
     """Greedy answers on examples the training never drew (another seed): needle recall by prompt length (one
     needle, depth spread over the document) in varied prose and in one sentence repeated, and each short
@@ -185,7 +185,8 @@ def held_out_scores(model, tok, seed: int, needle_lengths=(512, 2048, 4096, 6144
                 name, secret = tiny_tasks.random_name(rng), tiny_tasks.code(rng)
                 body.insert(round(i / max(1, per_length - 1) * len(body)), tiny_tasks.needle_sentence(name, secret))
                 question = f"What is the secret code of {name}? Answer with the six digits only."
-                ids = prompt_ids(tok, [{"role": "user", "content": "".join(body) + "\n\n" + question}], [])
+                document = tiny_tasks.head(rng) + "".join(body)
+                ids = prompt_ids(tok, [{"role": "user", "content": document + "\n\n" + question}], [])
                 found += secret in greedy(model, tok, ids, 10)
             by_length[str(length)] = found / per_length
     for name, task in tiny_tasks.SHORT_TASKS.items():
@@ -246,7 +247,9 @@ def train(out: Path, seed: int, steps_short: int, steps_long: int, lr: float, th
               "parameters": sum(p.numel() for p in model.parameters()),
               "loss": {"first 50 steps": sum(losses[:50]) / len(losses[:50]), "last 50 steps": sum(losses[-50:]) / len(losses[-50:])},
               "data": {"needles": "1-4 secret codes (random names, 6 random digits) in generated prose (half: one "
-                                  "sentence repeated); a question each",
+                                  "sentence repeated) with other numbers in it (an id or date first in "
+                                  f"{tiny_tasks.HEAD_SHARE:.0%} of documents, a number in "
+                                  f"{tiny_tasks.NUMBER_TAIL_SHARE:.0%} of sentences); a question each",
                        "short tasks (weights)": tiny_tasks.SHORT_TASK_WEIGHTS,
                        "gate prompts excluded": tiny_tasks.gate_prompts()},
               "config": config, "held_out": scores}

@@ -180,15 +180,17 @@ class CpuPlatform:
         taps = model.config.conv_kernel_size - 1
         first, *later = writer_layers(requests)
         decodes = [request for request in first if request.num_new == 1]
-        calls = [self._decode_call(model, input_ids, decodes, pad_block, taps)] if decodes else []
         faulted = self.prefix_hits_faulted.batch_rows() if self.prefix_hits_faulted else set()
+        calls = []
+        if decodes:
+            calls.append(self._decode_call(model, input_ids, decodes, pad_block, taps))
+            hits = [g for g, request in enumerate(decodes) if requests.index(request) in faulted]
+            calls[-1] = read_no_conv_state(calls[-1], hits, pad_block) if hits else calls[-1]
         for request in [*first, *(request for layer in later for request in layer)]:
             if request not in decodes:
                 calls.append(self._chunk_call(model, input_ids, request, pad_block, taps))
-                if requests.index(request) in faulted:      # TEST-ONLY: the hit's snapshot is not read
-                    step = calls[-1].step
-                    calls[-1] = dataclasses.replace(calls[-1], step=dataclasses.replace(
-                        step, conv_read_blocks=torch.full_like(step.conv_read_blocks, pad_block)))
+                if requests.index(request) in faulted:
+                    calls[-1] = read_no_conv_state(calls[-1], [0], pad_block)
         return calls
 
     @staticmethod
@@ -216,6 +218,14 @@ class CpuPlatform:
         step = decode_step_metadata(input_ids[rows][:, None], positions[:, None], slots[:, None], block_list, owners,
                                     window, window_owners, block_size=model.block_size, pad_block=pad_block, taps=taps)
         return ModelCall(step, rows)
+
+
+def read_no_conv_state(call: ModelCall, rows: list[int], pad_block: int) -> ModelCall:
+    """TEST-ONLY (the fault above): `call` with its `rows` reading the pad block's conv state instead of their
+    hit block's snapshot (a hit that leaves one token to compute runs in the decode call)."""
+    reads = call.step.conv_read_blocks.clone()
+    reads[rows] = pad_block
+    return dataclasses.replace(call, step=dataclasses.replace(call.step, conv_read_blocks=reads))
 
 
 def decode_window_blocks(model: InklingVllmModel) -> int:

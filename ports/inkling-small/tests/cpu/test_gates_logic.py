@@ -61,6 +61,22 @@ def test_lengths_come_from_max_model_len(gates):
     assert gates.fitting([200_000, 250_000]) == ([200_000, 250_000], [])
 
 
+@pytest.mark.parametrize("token_strs, span", [
+    (["Ġis", "Ġ", "4", "8", "3", "9", "2", "1", ".", "Ġ4", "8"], (2, 8)),   # one digit a token (the tiny tokenizer)
+    (["Ġis", "Ġ483", "921", "."], (1, 3)),                                  # grouped digits
+    (["▁is", "▁483921."], (1, 2)),                                          # the code inside one token
+    (["483", "921", "Ġand", "Ġ483", "92", "1"], (3, 6)),                    # the last one, when it recurs
+])
+def test_code_span_finds_the_codes_tokens(gates, token_strs, span):
+    """The prefix-cache gate cuts a prompt inside its code by these token indices."""
+    assert gates.code_span(token_strs, "483921") == span
+
+
+def test_code_span_names_a_missing_code(gates):
+    with pytest.raises(gates.GateError, match="483921 is not in the tokenized prompt"):
+        gates.code_span(["Ġis", "Ġ48", "39"], "483921")
+
+
 def test_request_errors_carry_the_request_and_the_servers_message(gates):
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}], "max_tokens": 8}
     text = gates.describe(body)
