@@ -191,9 +191,10 @@ def presharded_model(venv: Path, plugin: Path, model: Path, tensor_parallel: int
 
 def completion_token_ids(base_url: str, prompt: list[int] | str, max_tokens: int,
                          model: str = "tiny-inkling-stand-in") -> tuple[list[int], int]:
-    """(greedy completion token ids, cached prompt tokens) of one /v1/completions request to the server at base_url."""
+    """(greedy completion token ids, cached prompt tokens) of one /v1/completions request to the server at base_url:
+    `max_tokens` of them, past an end of text (a trained model may end early; the references do not stop)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
-                       "return_tokens_as_token_ids": True}).encode()
+                       "ignore_eos": True, "return_tokens_as_token_ids": True}).encode()
     request = urllib.request.Request(base_url + "/v1/completions", body, {"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as response:
         out = json.load(response)

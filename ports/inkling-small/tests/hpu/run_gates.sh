@@ -34,6 +34,9 @@ Environment:
   SERVER_LOG        path of the server's log, for the log gate (skipped when unset)
   COOKBOOK          the cookbook inside the image, for the preflight gate (default /opt/gaudi-cookbook)
   BLOCK_SIZE        the server's --block-size, for the prefix-cache gate (default 128)
+  PREFIX_LOGPROB_TOLERANCE  the prefix-cache gate also requires a warm run's logprobs to equal the cold
+                    run's within this, token by token (default unset: not judged; bf16 repeats differ;
+                    make gates sets 1e-4 for its fp32 CPU server)
   MAX_NUM_BATCHED_TOKENS  the server's --max-num-batched-tokens, for the three-resident prompts'
                     room and the long prompt's chunks (default 2048)
   VLLM_LONG_PREFILL_SHARE, VLLM_LONG_PREFILL_MIN_TOKENS   the server's long-prefill share and
