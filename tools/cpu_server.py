@@ -417,13 +417,16 @@ LONG_PREFILL_ENV = ("VLLM_LONG_PREFILL_SHARE", "VLLM_LONG_PREFILL_SHARE_ASYNC", 
 STOCK_SCHEDULER_ENV = dict.fromkeys(LONG_PREFILL_ENV)
 
 
+def prefix_logprob_env(dtype: str | None) -> dict:
+    """The prefix-cache gate's logprob tolerance for a server of that --dtype: judged in fp32 only."""
+    return {"PREFIX_LOGPROB_TOLERANCE": FP32_PREFIX_LOGPROB_TOLERANCE} if dtype == "float32" else {}
+
+
 def gate_env(server: CpuServer) -> dict:
     """Environment for run_gates.sh against this server: STAND_IN=1 unless it serves the trained model, its log,
     its batch budget, its long-prefill share, this machine's noise under the share's floor, and in fp32 the
     prefix-cache gate's logprob tolerance."""
-    fp32 = server_flag(server.cmd, "--dtype") == "float32"
-    env = {"LONG_PREFILL_TOLERANCE": CPU_SERVER_SHARE_TOLERANCE,
-           **({"PREFIX_LOGPROB_TOLERANCE": FP32_PREFIX_LOGPROB_TOLERANCE} if fp32 else {}),
+    env = {"LONG_PREFILL_TOLERANCE": CPU_SERVER_SHARE_TOLERANCE, **prefix_logprob_env(server_flag(server.cmd, "--dtype")),
            **os.environ, "BASE_URL": server.base_url,
            "SERVER_LOG": str(server.log), "STAND_IN": "0" if server.model == TRAINED_MODEL else "1",
            **{k: server.env[k] for k in LONG_PREFILL_ENV if k in server.env}}

@@ -134,11 +134,11 @@ class PortContainer:
 
     def gate_env(self) -> dict:
         """run_gates.sh's environment inside the container: its own server, its own log, the CPU variant's
-        batch budget and long-prefill share."""
-        env = {"BASE_URL": self.base_url, "STAND_IN": "1", "SERVER_LOG": RECIPE["image"]["server-log"],
-               "LONG_PREFILL_TOLERANCE": cpu_server.CPU_SERVER_SHARE_TOLERANCE,
-               "MAX_NUM_BATCHED_TOKENS": launch.cpu_flag(RECIPE, "max-num-batched-tokens")}
-        return env
+        batch budget and long-prefill share, and its dtype's prefix-cache logprob tolerance."""
+        return {"BASE_URL": self.base_url, "STAND_IN": "1", "SERVER_LOG": RECIPE["image"]["server-log"],
+                "LONG_PREFILL_TOLERANCE": cpu_server.CPU_SERVER_SHARE_TOLERANCE,
+                "MAX_NUM_BATCHED_TOKENS": launch.cpu_flag(RECIPE, "max-num-batched-tokens"),
+                **cpu_server.prefix_logprob_env(launch.cpu_flag(RECIPE, "dtype"))}
 
     def gates_command(self, *args: str) -> list[str]:
         env = [f"{k}={v}" for k, v in self.gate_env().items()]

@@ -81,7 +81,9 @@ def test_the_quick_gates_pass_inside_the_container(container):
     for name in ("greedy", "logprobs", "prefix-cache", "overlong"):
         assert got[name]["passed"] is True, f"{name}: expected pass, found {got[name]}"
     assert "200/200 clean" in got["logprobs"]["result"]
-    assert "cached_tokens: cold 0-0, warm 3,9" in got["prefix-cache"]["result"], got["prefix-cache"]
+    # the 4K prompts' full blocks hit, and in fp32 the hits' logprobs equal the cold runs' (the tolerance is judged)
+    result = got["prefix-cache"]["result"]
+    assert "cached_tokens: cold 0-0, warm 3," in result and "(tolerance 1e-04)" in result, got["prefix-cache"]
     assert "HTTP 400" in got["overlong"]["result"] and "max_model_len 4,096" in got["overlong"]["result"]
     # semantic gates ran their requests and say they need a trained model
     for name in ("smoke", "reasoning", "needles-short", "concurrent-needles"):
