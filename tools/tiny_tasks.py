@@ -78,14 +78,16 @@ NUMBER_TAIL_SHARE = 0.2
 NUMBER_TAILS = (lambda rng: f"in {rng.randint(1700, 2030)}", lambda rng: f"for {rng.randint(2, 90)} days",
                 lambda rng: f"at number {rng.randint(1, 999)}", lambda rng: f"under order {code(rng)}",
                 lambda rng: f"with {rng.randint(10, 9999)} others")
+MONTHS = ("January", "March", "May", "July", "September", "November")
 HEADS = (lambda rng: f"Document {hex_id(rng)}. ", lambda rng: f"Report {rng.randrange(10**8)}. ",
          lambda rng: f"File {hex_id(rng)}-{rng.randint(1, 99)}. ", lambda rng: f"Record {code(rng)} of the archive. ",
          lambda rng: f"Minutes, {rng.randint(1, 28)} {rng.choice(MONTHS)} {rng.randint(1900, 2030)}. ")
-MONTHS = ("January", "March", "May", "July", "September", "November")
 HEAD_SHARE = 0.6
 
 
 def hex_id(rng: random.Random) -> str:
+    # a draw of 12 hex digits, zero-padded to a width of 6 to 16: the committed model's data (the width pads
+    # only the 16-digit ids and the rare small draws)
     return f"{rng.randrange(16 ** 12):0{rng.choice((6, 8, 12, 16))}x}"
 
 

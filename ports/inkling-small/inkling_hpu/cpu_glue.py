@@ -185,7 +185,8 @@ class CpuPlatform:
         if decodes:
             calls.append(self._decode_call(model, input_ids, decodes, pad_block, taps))
             hits = [g for g, request in enumerate(decodes) if requests.index(request) in faulted]
-            calls[-1] = read_no_conv_state(calls[-1], hits, pad_block) if hits else calls[-1]
+            if hits:
+                calls[-1] = read_no_conv_state(calls[-1], hits, pad_block)
         for request in [*first, *(request for layer in later for request in layer)]:
             if request not in decodes:
                 calls.append(self._chunk_call(model, input_ids, request, pad_block, taps))

@@ -37,7 +37,7 @@ SERVER: dict = {}  # filled by main() from /v1/models: model id, max_model_len a
 # PREFIX_LOGPROB_TOLERANCE: the prefix-cache gate also requires each warm token the cold run sampled too to
 # carry the cold run's logprob within this (set it where the server's numerics repeat exactly: fp32 on CPU
 # gives equal logprobs to 1e-6; on HPU's bf16 repeats differ by more, and it is unset: not judged).
-PREFIX_LOGPROB_TOLERANCE = float(os.environ.get("PREFIX_LOGPROB_TOLERANCE") or "nan")
+PREFIX_LOGPROB_TOLERANCE = float(os.environ["PREFIX_LOGPROB_TOLERANCE"]) if os.environ.get("PREFIX_LOGPROB_TOLERANCE") else None
 RESERVE = 64       # tokens kept free under max_model_len for the chat template, question and answer
 
 FILLER = ("The committee reviewed the quarterly figures, noted the weather in the northern valley, "
@@ -217,10 +217,15 @@ def lengths_note(used, dropped) -> str:
 _TOKENS_PER_FILLER: list[float] = []
 
 
-def filler(tokens: int) -> str:
+def tokens_per_filler() -> float:
+    """Tokens of one FILLER sentence (asked of the server once)."""
     if not _TOKENS_PER_FILLER:
         _TOKENS_PER_FILLER.append(count_tokens(FILLER * 50) / 50)
-    return FILLER * max(1, int(tokens / _TOKENS_PER_FILLER[0]))
+    return _TOKENS_PER_FILLER[0]
+
+
+def filler(tokens: int) -> str:
+    return FILLER * max(1, int(tokens / tokens_per_filler()))
 
 
 def needle(rng: random.Random) -> tuple[str, str, str]:
@@ -259,7 +264,7 @@ def cache_edge_needle_prompt(tokens: int, rng: random.Random, head: str) -> tupl
     tokens a warm run must find cached."""
     code, sentence, question = needle(rng)
     text = filler(tokens)
-    chars_per_token = len(text) / count_tokens(text)
+    chars_per_token = len(FILLER) / tokens_per_filler()
     start = int((BLOCK_SIZE + 64) * chars_per_token)   # room to add a block's tokens and stay under `tokens`
     for _ in range(64):
         messages = [{"role": "user", "content": head + text[start:] + sentence + question}]
@@ -510,7 +515,7 @@ def gate_prefix_cache() -> tuple[bool | None, str]:
               + (f"recall {NEEDS_MODEL}" if STAND_IN else
                  f"{sum(recalled.values())}/{cases} hits recalled their code ({hits})")
               + f"; {lengths}")
-    judge_drift = not math.isnan(PREFIX_LOGPROB_TOLERANCE)
+    judge_drift = PREFIX_LOGPROB_TOLERANCE is not None
     result += ("; warm logprobs off the cold run's by at most " + ", ".join(f"{d:.1e} {kind}" for kind, d in drift.items())
                + (f" (tolerance {PREFIX_LOGPROB_TOLERANCE:.0e})" if judge_drift else " (not judged)"))
     if problems:
