@@ -137,9 +137,6 @@ class CpuPlatform:
         logger.info("Inkling decode window: %d blocks (sliding window %d, block size %d)", decode_window_blocks(model),
                     model.config.sliding_window_size, model.block_size)
 
-    def use_moe_op(self, model: InklingForCausalLM) -> int:
-        return 0      # the model's own routed dispatch
-
     # --- caches ---------------------------------------------------------------------------------
     def caches(self, model: InklingVllmModel) -> tuple[InklingCaches, int]:
         if self.layer_caches is None:

@@ -9,8 +9,9 @@ vllm_model.InklingVllmModel with this adapter.
 - vllm-gaudi's per-step attention metadata (HPUAttentionMetadataV1, prompt or decode) -> the model's
   StepMetadata, built on the device with tensor ops from bucketed shapes (model/device_metadata.py):
   prefill calls keep per-row block tables, decode calls keep vllm-gaudi's flat block list
-  (FlatDecodeGroup);
-- each MoE layer's routed experts -> vllm-gaudi's fused MoE op (use_gaudi_moe_op).
+  (FlatDecodeGroup).
+The model's layers are vLLM's: on HPU vllm-gaudi's own implementations run them (HPURMSNorm, the fused MoE
+method's op for the routed experts), with nothing wired here.
 Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 
 On CPU, tests/cpu/test_plugin.py and test_prefix_conv_state.py run this class inside vllm-gaudi's
@@ -21,7 +22,6 @@ and refusals run in a real server through the CPU platform (cpu_glue.py).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import os
@@ -29,7 +29,6 @@ import os
 import torch
 
 from inkling_hpu import guards
-from inkling_hpu.model import InklingForCausalLM
 from inkling_hpu.model.device_metadata import check_context_blocks, decode_step_metadata, prefill_step_metadata
 from inkling_hpu.model.metadata import StepMetadata
 from inkling_hpu.model.modeling import InklingCaches, LayerCache
@@ -58,39 +57,6 @@ def _vllm_gaudi_stamp() -> dict | None:
     except (OSError, ValueError):
         return {}
 
-
-
-def use_gaudi_moe_op(model: InklingForCausalLM) -> int:
-    """Hand each MoE layer's routed experts to vllm-gaudi's fused MoE op (`VllmMixtureOfExpertsOp`,
-    torch.ops.hpu.mixture_of_experts): per-expert views of the loaded weights (no copy; [gate | up] x
-    hidden and hidden x width, the op's permuted layout), the router's top-k ids and weights as its
-    routing table, all experts of this rank (experts_min 0, experts_max E-1; tensor parallel splits
-    each expert's width). Static shapes, no host sync. Returns the layers handed over; 0 where
-    vllm-gaudi is not installed (vLLM's CPU worker: the model's own routed dispatch)."""
-    try:
-        import vllm_gaudi  # noqa: F401
-    except ModuleNotFoundError:
-        return 0
-    from vllm_gaudi.extension.ops import VllmMixtureOfExpertsOp
-
-    layers = 0
-    for layer in model.model.stage_layers:
-        experts = getattr(layer.mlp, "experts", None)
-        if experts is None:
-            continue
-        count = experts.num_experts
-        op = VllmMixtureOfExpertsOp(count, count, experts_min=0, experts_max=count - 1)
-        for expert in range(count):
-            op.w13_list[expert].set_weight(experts.gate_up_proj.data[expert])
-            op.w2_list[expert].set_weight(experts.down_proj.data[expert])
-        experts.use_moe_op(functools.partial(_gaudi_moe, op))
-        layers += 1
-    return layers
-
-
-def _gaudi_moe(op, hidden_states: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-    return op(hidden_states, topk_indices, topk_weights.to(hidden_states.dtype), permuted_weights=True,
-              activation="silu")
 
 
 class HpuPlatform:
@@ -127,9 +93,6 @@ class HpuPlatform:
         missing = guards.pages_patch_missing(_vllm_gaudi_stamp())
         if missing:
             logger.warning("Inkling: %s", missing)
-
-    def use_moe_op(self, model: InklingForCausalLM) -> int:
-        return use_gaudi_moe_op(model)
 
     def caches(self, model: InklingVllmModel) -> tuple[InklingCaches, int]:
         """The model's views of the pool vllm-gaudi's runner allocated (initialize_kv_cache) and the pad

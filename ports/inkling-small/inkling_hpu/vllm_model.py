@@ -12,7 +12,7 @@ All math is in inkling_hpu.model. `InklingVllmModel` translates between vLLM and
 What differs by platform is a `Platform` adapter's (hpu_glue.HpuPlatform, cpu_glue.CpuPlatform): the
 runner, the runtime flags, the holder class, the views of the pool (`caches`) and the translation of
 its attention metadata into the model's calls and their StepMetadata (`model_calls`, built with tensor
-ops by model/device_metadata.py on both), and the MoE op. Each platform's
+ops by model/device_metadata.py on both). Each platform's
 registered class is this one with its adapter named; neither overrides a method.
 Importing it needs torch and vLLM, not Habana: nothing here calls a Habana API.
 """
@@ -297,9 +297,9 @@ class InklingVllmModel(nn.Module, SupportsPP):
         checkpoint = load_text_checkpoint(self.inkling, self._checkpoint_dir())
         logger.info("Inkling: loaded %.1f GB of text tensors from %s; %d vision/audio/MTP tensors left unread",
                     checkpoint.text_bytes / 1e9, checkpoint.dir, len(checkpoint.skipped))
-        fused = self.platform.use_moe_op(self.inkling)
-        logger.info("Inkling MoE: %s", f"{fused} layers' routed experts through vllm-gaudi's fused MoE op" if fused
-                    else "routed experts by sorted dispatch (each token through its top-k experts only)")
+        methods = sorted({type(layer.mlp.experts.routed_experts.quant_method).__name__
+                          for layer in self.inkling.model.stage_layers if hasattr(layer.mlp, "experts")})
+        logger.info("Inkling MoE: routed experts on vLLM's MoE layer, method %s", ", ".join(methods) or "none")
         return {name for name, _ in self.named_parameters()}
 
     def _checkpoint_dir(self) -> str:

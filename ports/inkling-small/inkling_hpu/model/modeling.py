@@ -16,7 +16,6 @@ docs/caches.md). Gathers use index_select; every shape follows from the step's p
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,6 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.distributed import divide
+from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import LinearBase, MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -38,8 +42,9 @@ from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import Knobs, read_knobs
 from inkling_hpu.model.metadata import FlatDecodeGroup, StepMetadata
 
-@functools.cache
 def _default_vllm_config():
+    """A new one per model built: vLLM's MoE layers register themselves by name in the config they are built
+    under (a second model's layers of the same names would be refused)."""
     from vllm.config import DeviceConfig, VllmConfig
 
     return VllmConfig(device_config=DeviceConfig(device="cpu"))
@@ -497,9 +502,12 @@ class InklingTopkRouter(nn.Module):
         self.global_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
         self.register_buffer("e_score_correction_bias", torch.zeros(self.num_experts, dtype=torch.float32))
 
-    def forward(self, hidden_states: torch.Tensor):
-        # routing in fp32 so distinct scores do not round to ties before top-k
-        router_logits = F.linear(hidden_states.float(), self.weight.float())
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[tokens, routed + sinks], in fp32 so distinct scores do not round to ties before top-k."""
+        return F.linear(hidden_states.float(), self.weight.float())
+
+    def select(self, router_logits: torch.Tensor, dtype: torch.dtype):
+        """(routed weights [tokens, k], routed ids [tokens, k], sink gammas [tokens, S]) in `dtype`."""
         routed_logits = router_logits[:, : self.num_experts]
         shared_logits = router_logits[:, self.num_experts:]
         choice = routed_logits.sigmoid() + self.e_score_correction_bias.float()
@@ -507,8 +515,11 @@ class InklingTopkRouter(nn.Module):
         topk_logits = torch.cat([routed_logits.gather(-1, topk_indices), shared_logits], dim=-1)
         log_probs = F.logsigmoid(topk_logits)
         weights = torch.exp(log_probs - torch.logsumexp(log_probs, dim=-1, keepdim=True))
-        weights = (weights * self.route_scale * self.global_scale.float()).to(hidden_states.dtype)
+        weights = (weights * self.route_scale * self.global_scale.float()).to(dtype)
         return weights[:, : self.top_k], topk_indices, weights[:, self.top_k:]
+
+    def forward(self, hidden_states: torch.Tensor):
+        return self.select(self.logits(hidden_states), hidden_states.dtype)
 
 
 def routed_experts(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -518,8 +529,8 @@ def routed_experts(hidden_states: torch.Tensor, gate_up: torch.Tensor, down: tor
 
     Each token's contributions are added in expert order, as the all-experts loop adds them, so the
     result is that loop's up to the matmuls' own rounding. The per-expert counts are read on the host
-    (one sync): this is the CPU path; on HPU the glue hands the experts to vllm-gaudi's fused op. With fewer
-    (token, k) pairs than experts (a decode step), each pair runs alone instead (routed_pairs)."""
+    (one sync). With fewer (token, k) pairs than experts (a decode step), each pair runs alone instead
+    (routed_pairs). What SortedDispatchMoEMethod computes; a vLLM worker runs its platform's MoE kernel."""
     num_tokens, top_k = topk_indices.shape
     if num_tokens * top_k <= gate_up.shape[0]:
         return routed_pairs(hidden_states, gate_up, down, topk_indices, topk_weights)
@@ -564,7 +575,7 @@ def all_experts_reference(hidden_states: torch.Tensor, gate_up: torch.Tensor, do
     """Every expert on every token, times a dense [tokens, experts] combine matrix (0 where a token did
     not route). Never served: the reference the tests and benchmarks/moe.py hold the routed paths to."""
     combine = hidden_states.new_zeros(hidden_states.shape[0], gate_up.shape[0])
-    combine.scatter_add_(1, topk_indices, topk_weights.to(combine.dtype))
+    combine.scatter_add_(1, topk_indices.long(), topk_weights.to(combine.dtype))
     out = torch.zeros_like(hidden_states)
     for expert in range(gate_up.shape[0]):
         activated = swiglu(F.linear(hidden_states, gate_up[expert]))
@@ -572,30 +583,32 @@ def all_experts_reference(hidden_states: torch.Tensor, gate_up: torch.Tensor, do
     return out
 
 
-class InklingExperts(nn.Module):
-    """Routed SwiGLU experts, TP-sharded on the intermediate dim; each token computes only its top-k.
+class SortedDispatchMoEMethod(FusedMoEMethodBase):
+    """vLLM's MoE layer's method where vLLM has no MoE kernel for the platform: the pure-Python vLLM sdist
+    that parity, the memory arithmetic and the tests import (no platform, no compiled ops). It keeps vLLM's
+    unquantized weights (w13_weight [E, gate | up, hidden], w2_weight [E, hidden, width]) and computes
+    routed_experts on them. A vLLM worker never uses it: vLLM's CPU build runs its CPU experts, vllm-gaudi
+    its HPU method (the fused MoE op)."""
 
-    `moe_op`, when a platform sets it (`use_moe_op`), computes the routed experts instead of
-    `routed_experts`: the HPU glue hands them to vllm-gaudi's fused MoE op, on views of these weights
-    (gate_up_proj[e] is [gate | up] x hidden, down_proj[e] hidden x width, as the op takes them)."""
+    def create_weights(self, layer, num_experts: int, hidden_size: int, intermediate_size_per_partition: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        # the same parameters as vLLM's unquantized method makes (it reads nothing else of `self`)
+        UnquantizedFusedMoEMethod.create_weights(self, layer, num_experts, hidden_size,
+                                                 intermediate_size_per_partition, params_dtype, **extra_weight_attrs)
 
-    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
-        super().__init__()
-        width = divide(config.moe_intermediate_size, tp.size)
-        self.num_experts = config.n_routed_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * width, config.hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, width))
-        self.moe_op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    def get_fused_moe_quant_config(self, layer):
+        return FUSED_MOE_UNQUANTIZED_CONFIG
 
-    def use_moe_op(self, op: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None) -> None:
-        """op(hidden_states, topk_indices, topk_weights) -> the routed experts' weighted sum."""
-        self.moe_op = op
+    def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              shared_experts=None, shared_experts_input=None) -> torch.Tensor:
+        return routed_experts(x, layer.w13_weight, layer.w2_weight, topk_ids.long(), topk_weights)
 
-    def forward(self, hidden_states: torch.Tensor, topk_indices: torch.Tensor,
-                topk_weights: torch.Tensor) -> torch.Tensor:
-        if self.moe_op is not None:
-            return self.moe_op(hidden_states, topk_indices, topk_weights)
-        return routed_experts(hidden_states, self.gate_up_proj, self.down_proj, topk_indices, topk_weights)
+
+class SortedDispatchExperts(RoutedExperts):
+    """vLLM's routed experts with SortedDispatchMoEMethod as their method (see there for where)."""
+
+    def _get_quant_method(self, prefix, quant_config, moe_config):
+        return SortedDispatchMoEMethod(moe_config)
 
 
 class InklingSharedExperts(nn.ModuleList):
@@ -611,19 +624,62 @@ class InklingSharedExperts(nn.ModuleList):
         return torch.stack(outs).float().sum(dim=0).to(hidden_states.dtype)
 
 
+def vllm_has_moe_kernel() -> bool:
+    """Whether vLLM's MoE layer has a kernel on this process's platform (CPU, HPU, ...): not in the sdist's
+    pure-Python import, whose platform is unspecified."""
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_unspecified()
+
+
 class InklingMoE(nn.Module):
-    def __init__(self, config: InklingPortConfig, tp: TensorParallel) -> None:
+    """Routed experts on vLLM's MoE layer (FusedMoEFactory; on HPU vllm-gaudi's fused MoE method), routed by
+    Inkling's gate as its custom routing function, as vLLM's own Inkling builds them; the shared ("sink")
+    experts on vLLM's parallel linears beside them. Both are cut on the intermediate dim: the layer
+    reduce-scatters their sum once (skip_final_all_reduce), to this rank's channels."""
+
+    def __init__(self, config: InklingPortConfig, tp: TensorParallel, prefix: str) -> None:
         super().__init__()
         self.tp = tp
         self.gate = InklingTopkRouter(config)
-        self.experts = InklingExperts(config, tp)
+        self.experts = FusedMoEFactory(
+            num_experts=config.n_routed_experts, top_k=config.num_experts_per_tok, hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size, renormalize=False, reduce_results=False,
+            custom_routing_function=self._select_routed, router_logits_dtype=torch.float32, activation="silu",
+            prefix=f"{prefix}.experts",
+            routed_experts_cls=None if vllm_has_moe_kernel() else SortedDispatchExperts)
+        self.experts.moe_config.skip_final_all_reduce = True
         self.shared_experts = InklingSharedExperts(config)
+        self._selection: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _select_routed(self, hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int,
+                       renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MoE layer's routing function: the routed top-k of the selection forward() made from these
+        logits (the weights are normalised over the routed and the sink experts together, so the routed
+        logits alone cannot give them)."""
+        selection, self._selection = self._selection, None
+        if selection is None or selection[0] is not gating_output:
+            raise RuntimeError("Inkling's MoE routes only the logits its forward selected from")
+        return selection[1], selection[2]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        topk_weights, topk_indices, shared_gammas = self.gate(hidden_states)
-        routed = self.experts(hidden_states, topk_indices, topk_weights)
+        router_logits = self.gate.logits(hidden_states)
+        topk_weights, topk_indices, shared_gammas = self.gate.select(router_logits, hidden_states.dtype)
+        routed_logits = router_logits[:, : self.gate.num_experts]       # what the MoE layer routes over
+        self._selection = (routed_logits, topk_weights, topk_indices)
+        routed = self._routed(hidden_states, routed_logits)
         shared = self.shared_experts(hidden_states, shared_gammas)
         return self.tp.reduce_scatter_last_dim(routed + shared)   # one collective, to this rank's channels
+
+    def _routed(self, hidden_states: torch.Tensor, routed_logits: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import is_forward_context_available
+
+        if is_forward_context_available():      # in a worker's step: the layer as vLLM runs it
+            return self.experts(hidden_states=hidden_states, router_logits=routed_logits)
+        # Built and run outside a worker (parity, the tests' ranks in threads): vLLM's MoE layer finds itself
+        # in the forward context by name, which only a worker sets; the same steps for one rank, directly.
+        self.experts.routed_experts._ensure_moe_quant_config_init()
+        return self.experts._apply_quant_method(hidden_states, routed_logits, None)[1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -632,13 +688,14 @@ class InklingMoE(nn.Module):
 class InklingDecoderLayer(nn.Module):
     """norm -> attention -> sconv + residual -> norm -> MLP/MoE -> sconv + residual."""
 
-    def __init__(self, config: InklingPortConfig, layer_idx: int, tp: TensorParallel, knobs: Knobs) -> None:
+    def __init__(self, config: InklingPortConfig, layer_idx: int, tp: TensorParallel, knobs: Knobs,
+                 prefix: str) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.knobs = knobs
         attention_class = InklingSlidingAttention if config.is_local(layer_idx) else InklingFullAttention
         self.self_attn = attention_class(config, layer_idx, tp)
-        self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp)
+        self.mlp = InklingMLP(config, tp) if config.dense_layers[layer_idx] else InklingMoE(config, tp, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tp = tp
@@ -669,7 +726,7 @@ class InklingModel(nn.Module):
                                                    config.use_embed_norm) if stage.first else PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
-            lambda prefix: InklingDecoderLayer(config, extract_layer_index(prefix), tp, knobs),
+            lambda prefix: InklingDecoderLayer(config, extract_layer_index(prefix), tp, knobs, prefix),
             prefix=f"{prefix}.layers")
         if (self.start_layer, self.end_layer) != (stage.start, stage.end):
             raise ValueError(f"pipeline stage {stage.rank} of {stage.size}: expected layers {stage.start}..{stage.end - 1}, "

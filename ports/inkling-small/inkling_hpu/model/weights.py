@@ -78,8 +78,9 @@ CHECKPOINT_TO_PORT: tuple[WeightRule, ...] = (
     WeightRule(_L + "mlp.gate.weight", _P + "mlp.gate.weight", None, "moe"),
     WeightRule(_L + "mlp.gate.bias", _P + "mlp.gate.e_score_correction_bias", None, "moe"),
     WeightRule(_L + "mlp.gate.global_scale", _P + "mlp.gate.global_scale", None, "moe", optional=True),
-    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.gate_up_proj", 1, "moe", gate_up_dim=1),
-    WeightRule(_L + "mlp.experts.w2_weight", _P + "mlp.experts.down_proj", 2, "moe"),
+    # routed experts: vLLM's MoE layer's own w13 / w2, copied in as vLLM's Inkling copies them (load_expert_weight)
+    WeightRule(_L + "mlp.experts.w13_weight", _P + "mlp.experts.routed_experts.w13_weight", 1, "moe", gate_up_dim=1),
+    WeightRule(_L + "mlp.experts.w2_weight", _P + "mlp.experts.routed_experts.w2_weight", 2, "moe"),
     # shared experts: stacked [S, ...] in the checkpoint, expert {e} of the stack fills the port's module e
     WeightRule(_L + "mlp.shared_experts.shared_w13_weight", _P + "mlp.shared_experts.{e}.gate_up_proj.weight",
                1, "moe", gate_up_dim=1),

@@ -9,7 +9,7 @@ import torch
 
 from inkling_hpu import parity
 from inkling_hpu.model.knobs import Knobs
-from inkling_hpu.model.modeling import InklingExperts, all_experts_reference
+from inkling_hpu.model.modeling import SortedDispatchMoEMethod, SortedDispatchExperts, all_experts_reference
 
 PORT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,13 +47,20 @@ def port_model(name: str, knobs: Knobs = NO_BUDGET, seed: int = 0, dtype_name: s
     return parity.build_port(load_config(name), checkpoint(name, seed, dtype_name), dtype, knobs)
 
 
+class AllExpertsMethod(SortedDispatchMoEMethod):
+    """Every expert on every token (all_experts_reference): static shapes, as the fused op on HPU has."""
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+        return all_experts_reference(x, layer.w13_weight, layer.w2_weight, topk_ids.long(), topk_weights)
+
+
 def as_on_hpu(model):
-    """For a graph trace: on HPU each MoE layer's routed experts are one fused op (vllm-gaudi's,
-    hpu_glue.use_gaudi_moe_op) with no data-dependent shapes; the all-experts reference stands in for it
-    (the CPU path's sorted dispatch reads its per-expert counts on the host, a graph break)."""
+    """For a graph trace: on HPU each MoE layer's routed experts are one fused op (vllm-gaudi's MoE method)
+    with no data-dependent shapes; the all-experts reference stands in for it (the sdist's sorted dispatch
+    reads its per-expert counts on the host, a graph break)."""
     for module in model.modules():
-        if isinstance(module, InklingExperts):
-            module.use_moe_op(lambda x, ids, w, m=module: all_experts_reference(x, m.gate_up_proj, m.down_proj, ids, w))
+        if isinstance(module, SortedDispatchExperts):
+            module._replace_quant_method(AllExpertsMethod(module.moe_config))
     return model
 
 

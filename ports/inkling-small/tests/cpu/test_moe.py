@@ -1,6 +1,7 @@
-"""Routed experts: each token computes only its top-k experts, on CPU (the model's sorted dispatch) and
-on HPU (vllm-gaudi's fused MoE op, here through the harness's CPU stand-in of torch.ops.hpu), and
-both equal the all-experts reference on random routings, edge cases included."""
+"""Routed experts: each token computes only its top-k experts, in the sdist (the sorted dispatch of
+SortedDispatchMoEMethod) and on HPU (vLLM's MoE layer with vllm-gaudi's method and fused op, here through the
+harness's CPU stand-in of torch.ops.hpu), and both equal the all-experts reference on random routings, edge
+cases included. vLLM's CPU experts serve them in the CPU server (test_cpu_server_*)."""
 from __future__ import annotations
 
 import pytest
@@ -73,18 +74,21 @@ def test_the_checkpoint_s_interleaved_w13_splits_into_gate_then_up_rows():
 
 
 def scenario_moe_paths(port_dir: str) -> dict:
-    """In the harness: a tiny Inkling's MoE layer with its routed experts handed to vllm-gaudi's real
-    VllmMixtureOfExpertsOp by the HPU glue (the op itself: the stand-in of torch.ops.hpu); the
-    routed experts through it, through the model's sorted dispatch and through the reference."""
+    """In the harness: a tiny Inkling built on the HPU platform, so its MoE layers are vLLM's with vllm-gaudi's
+    own method (HPUUnquantizedFusedMoEMethod, registered over vLLM's) and its fused op (the stand-in of
+    torch.ops.hpu); random experts loaded and processed as a worker's loader does; the routed experts through
+    that op, through the sdist's sorted dispatch and through the reference."""
     import json
     from pathlib import Path
 
+    import vllm_gaudi
     from habana_frameworks.torch import stand_in_ops
     from vllm.config import set_current_vllm_config
 
     from gaudi_harness import builders
     from inkling_hpu import parity
-    from inkling_hpu.hpu_glue import use_gaudi_moe_op
+
+    vllm_gaudi.register_ops()      # as a worker's platform does: its layers over vLLM's
     from inkling_hpu.model import InklingForCausalLM, InklingPortConfig
     from inkling_hpu.model.knobs import Knobs
 
@@ -92,30 +96,50 @@ def scenario_moe_paths(port_dir: str) -> dict:
     raw = {k: v for k, v in raw.items() if k not in parity.NON_MODEL_KEYS}
     raw.update(n_routed_experts=16, num_experts_per_tok=4)
     config = InklingPortConfig.from_dict(raw)
-    model = InklingForCausalLM(config, knobs=Knobs())
-    experts = next(layer.mlp.experts for layer in model.model.layers if hasattr(layer.mlp, "experts"))
+    vllm_config = builders.make_vllm_config()
+    with set_current_vllm_config(vllm_config):
+        model = InklingForCausalLM(config, knobs=Knobs())
+    moe_layers = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, modeling.InklingMoE)]
+    moe = moe_layers[0]
+    experts = moe.experts.routed_experts
     x, gate_up, down, indices, weights = random_moe(37, 16, 4, config.hidden_size, config.moe_intermediate_size)
     with torch.no_grad():
-        experts.gate_up_proj.copy_(gate_up)
-        experts.down_proj.copy_(down)
-    with set_current_vllm_config(builders.make_vllm_config()):
-        layers = use_gaudi_moe_op(model)
+        experts.w13_weight.copy_(gate_up)
+        experts.w2_weight.copy_(down)
+    with set_current_vllm_config(vllm_config):
+        experts.quant_method.process_weights_after_loading(experts)
+    logits = torch.zeros(37, 16)          # the selection is the one forward() made from these logits
+    moe._selection = (logits, weights, indices)
     calls_before = stand_in_ops.CALLS["mixture_of_experts"]
     with torch.no_grad():
-        through_op = experts(x, indices, weights)
+        through_op = moe._routed(x, logits)
     calls = stand_in_ops.CALLS["mixture_of_experts"] - calls_before
     sparse = routed_experts(x, gate_up, down, indices, weights)
     reference = all_experts_reference(x, gate_up, down, indices, weights)
-    return {"layers": layers, "moe_layers": sum(1 for d in config.dense_layers if not d), "op_calls": calls,
+    return {"methods": sorted({type(m.experts.routed_experts.quant_method).__name__ for m in moe_layers}),
+            "moe_layers": sum(1 for d in config.dense_layers if not d), "built": len(moe_layers), "op_calls": calls,
             "op_vs_reference": float((through_op - reference).abs().max()),
             "sparse_vs_reference": float((sparse - reference).abs().max())}
 
 
 @pytest.mark.slow
-def test_gaudi_moe_op_sorted_dispatch_and_reference_agree(vllm_gaudi_src, vllm_src, port_dir):
+def test_gaudi_moe_op_sorted_dispatch_and_reference_agree(served_vllm_gaudi, vllm_src, port_dir):
     from gaudi_harness.subproc import run_scenario
 
-    out = run_scenario(f"{__file__}::scenario_moe_paths", vllm_gaudi_src, vllm_src, timeout=600,
+    out = run_scenario(f"{__file__}::scenario_moe_paths", served_vllm_gaudi, vllm_src, timeout=600,
                        python_path=[port_dir], port_dir=str(port_dir))
-    assert out["layers"] == out["moe_layers"] > 0 and out["op_calls"] == 1, out
+    assert out["methods"] == ["HPUUnquantizedFusedMoEMethod"], out
+    assert out["built"] == out["moe_layers"] > 0 and out["op_calls"] == 1, out
     assert out["op_vs_reference"] <= 1e-5 and out["sparse_vs_reference"] <= 1e-5, out
+
+
+@pytest.mark.slow
+def test_pristine_vllm_gaudi_cannot_build_vllm_0_30_s_moe_layer(vllm_gaudi_src, vllm_src, port_dir):
+    """Patch moe-routing-api: without it, vllm-gaudi's router factory refuses the arguments vLLM 0.30.0's
+    FusedMoEFactory passes, so no MoE layer is built."""
+    from gaudi_harness.subproc import run_scenario
+
+    with pytest.raises(RuntimeError, match=r"TypeError: create_fused_moe_router\(\) got an unexpected keyword "
+                                           r"argument 'bias_vl'"):
+        run_scenario(f"{__file__}::scenario_moe_paths", vllm_gaudi_src, vllm_src, timeout=600,
+                     python_path=[port_dir], port_dir=str(port_dir))
