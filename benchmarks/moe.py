@@ -7,16 +7,17 @@ token, side by side in one run (medians of several runs, interleaved, the port's
 The real expert ratio (256 routed experts, top-6, 2 shared) at a CPU size (hidden 512, expert width
 128): one MoE block (router, routed and shared experts) and one whole decoder layer (attention, short
 convolutions, MoE), for a 2048-token prefill chunk (the page's --max-num-batched-tokens) and a
-16-request decode step. "all experts" is modeling.all_experts_reference (what the port computed
-before); "routed" is the model's default path on CPU (modeling.routed_experts, a sorted dispatch).
-On HPU the glue hands the routed experts to vllm-gaudi's fused op instead (not measurable here).
+16-request decode step. "all experts" is modeling.AllExpertsMethod (every expert on every token, what the
+port computed once); "routed" is the sdist's method of vLLM's MoE layer (SortedDispatchMoEMethod, a sorted
+dispatch). Served, vLLM's CPU build runs its CPU experts and vllm-gaudi its fused op instead (--cpu-server
+measures the former).
 Random weights: the figures compare the two paths, they are not what a Gaudi measures.
 
 --cpu-server: the page's `vllm bench serve` scaled for a CPU (random input 512, output 64, 32 prompts,
 concurrency 8, ignore EOS) against the real vLLM 0.30.0 CPU server (fix pack applied) serving a tiny
 random Inkling of 64 routed experts, 6 per token, with the port of the git ref `--before` (say, the
-commit before routed experts) and with this tree's port, the servers one after the other, runs
-alternated.
+commit before the routed experts moved onto vLLM's MoE layer) and with this tree's port, the servers one
+after the other, runs alternated.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import torch
 
 from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, reference_step_metadata
 from inkling_hpu.model.knobs import Knobs
-from inkling_hpu.model.modeling import InklingExperts, all_experts_reference
+from inkling_hpu.model.modeling import AllExpertsMethod, SortedDispatchMoEMethod
 
 BLOCK = 128
 CONFIG = {
@@ -53,9 +54,9 @@ def build_model() -> InklingForCausalLM:
     return model.eval()
 
 
-def use_all_experts(experts: InklingExperts, on: bool) -> None:
-    experts.use_moe_op((lambda x, ids, w: all_experts_reference(x, experts.gate_up_proj, experts.down_proj, ids, w))
-                       if on else None)
+def use_all_experts(experts, on: bool) -> None:
+    routed = experts.routed_experts       # vLLM's MoE layer's experts: their method computes them
+    routed._replace_quant_method((AllExpertsMethod if on else SortedDispatchMoEMethod)(routed.moe_config))
 
 
 def cache_tensors(caches) -> list[torch.Tensor]:
@@ -88,15 +89,15 @@ def cpu_server_mode(args) -> None:
     print(f"fix pack: {cpu_server.patch_vllm(venv)}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as scratch:
         plugins = {f"before ({args.before})": cpu_server.port_install(venv, cpu_server.port_at(args.before, scratch)),
-                   "routed experts (this tree)": cpu_server.port_install(venv)}
-    model = cpu_server.tiny_model(venv, plugins["routed experts (this tree)"], experts=SERVED_EXPERTS)
+                   "this tree": cpu_server.port_install(venv)}
+    model = cpu_server.tiny_model(venv, plugins["this tree"], experts=SERVED_EXPERTS)
     results = cpu_server.bench_alternated(venv, {label: (model, plugin) for label, plugin in plugins.items()},
                                           args.runs, "moe")
     before, after = cpu_server.print_bench_medians(results, (
         f"vllm bench serve: random input 512, output 64, 32 prompts, concurrency 8, ignore EOS; real vLLM 0.30.0 "
         f"CPU server, tiny random Inkling with {SERVED_EXPERTS[0]} routed experts, top-{SERVED_EXPERTS[1]}; "
         f"medians of {args.runs} runs (servers alternated)")).values()
-    print(f"\nrouted experts vs before: output throughput {after['output_throughput'] / before['output_throughput']:.2f}x")
+    print(f"\nthis tree vs before: output throughput {after['output_throughput'] / before['output_throughput']:.2f}x")
 
 
 def main() -> None:

@@ -7,7 +7,8 @@
 #   2. check the vLLM and vllm-gaudi commits with the library (`apply_all.py identify`): stop on
 #      any other base;
 #   3. install the inkling_hpu plugin (with its vllm.general_plugins entry point), no dependencies;
-#   4. apply the port's runner patches (patches/port.yaml: decode-window, conv-snapshot-pages) with
+#   4. apply the port's vllm-gaudi patches (patches/port.yaml: decode-window, conv-snapshot-pages,
+#      moe-routing-api) with
 #      the same engine, which writes the stamp.
 # Environment: COOKBOOK_PROFILE (default v0.30.0), COOKBOOK_PORT_PROFILE (default the port's
 # patches/port.yaml), PYTHON (default python3).
@@ -61,7 +62,7 @@ say "[3/4] inkling_hpu plugin"
   die 1 "pip could not install the inkling_hpu plugin from ports/inkling-small"
 rm -rf ports/inkling-small/build ports/inkling-small/*.egg-info  # in-tree build leftovers
 
-say "[4/4] the port's runner patches (decode-window, conv-snapshot-pages)"
+say "[4/4] the port's vllm-gaudi patches (decode-window, conv-snapshot-pages, moe-routing-api)"
 set +e
 "$python" fixes/apply_all.py --profile "$port_profile"
 rc=$?

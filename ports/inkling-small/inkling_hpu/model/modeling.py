@@ -604,6 +604,15 @@ class SortedDispatchMoEMethod(FusedMoEMethodBase):
         return routed_experts(x, layer.w13_weight, layer.w2_weight, topk_ids.long(), topk_weights)
 
 
+class AllExpertsMethod(SortedDispatchMoEMethod):
+    """all_experts_reference as the MoE layer's method: static shapes, as the fused op on HPU has. Never served
+    (the tests' graph traces and benchmarks/moe.py)."""
+
+    def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              shared_experts=None, shared_experts_input=None) -> torch.Tensor:
+        return all_experts_reference(x, layer.w13_weight, layer.w2_weight, topk_ids.long(), topk_weights)
+
+
 class SortedDispatchExperts(RoutedExperts):
     """vLLM's routed experts with SortedDispatchMoEMethod as their method (see there for where)."""
 

@@ -9,7 +9,7 @@ import torch
 
 from inkling_hpu import parity
 from inkling_hpu.model.knobs import Knobs
-from inkling_hpu.model.modeling import SortedDispatchMoEMethod, SortedDispatchExperts, all_experts_reference
+from inkling_hpu.model.modeling import AllExpertsMethod, SortedDispatchExperts
 
 PORT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,13 +45,6 @@ def checkpoint(name: str, seed: int = 0, dtype_name: str = "float32") -> dict[st
 def port_model(name: str, knobs: Knobs = NO_BUDGET, seed: int = 0, dtype_name: str = "float32"):
     dtype = getattr(torch, dtype_name)
     return parity.build_port(load_config(name), checkpoint(name, seed, dtype_name), dtype, knobs)
-
-
-class AllExpertsMethod(SortedDispatchMoEMethod):
-    """Every expert on every token (all_experts_reference): static shapes, as the fused op on HPU has."""
-
-    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
-        return all_experts_reference(x, layer.w13_weight, layer.w2_weight, topk_ids.long(), topk_weights)
 
 
 def as_on_hpu(model):

@@ -371,7 +371,12 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
         vllm_config.model_config.dtype = runner.kv_cache_dtype = torch.float32
     with set_current_vllm_config(vllm_config):
         glue = HpuInklingForCausalLM(vllm_config=vllm_config)
-        glue.load_weights(iter(()))          # as vLLM's loader calls it: text tensors, then the MoE op
+        # as vLLM's loader does: the text tensors, then each layer's method prepares its weights (vllm-gaudi's
+        # MoE method hands the routed experts to its fused op)
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+        glue.load_weights(iter(()))
+        process_weights_after_loading(glue, vllm_config.model_config, torch.device("cpu"))
         runner.model = HpuModelAdapter(glue, vllm_config)
     # As a worker does next: the pool, conv state included, allocated and bound by the runner itself.
     # The conv state must never be allocated anywhere else.
@@ -422,6 +427,8 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
     norms = [type(m).__name__ for m in model.modules() if isinstance(m, RMSNorm)]
     return {"sampled": sampled, "direct": direct, "dtype": str(model.dtype), "reference_fp32": reference_tokens,
             "moe_op_calls_per_step": moe_calls / 7 / moe_layers, "norm_classes": sorted(set(norms)),
+            "moe_methods": sorted({type(layer.mlp.experts.routed_experts.quant_method).__name__
+                                   for layer in model.model.layers if hasattr(layer.mlp, "experts")}),
             "fused_rms_norm_calls_per_step_and_norm": norm_calls / 7 / len(norms)}
 
 
@@ -445,7 +452,9 @@ def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(s
     out = run_scenario(f"{__file__}::scenario_glue_end_to_end", served_vllm_gaudi, vllm_src, timeout=600,
                        python_path=[port_dir], port_dir=str(port_dir), float32=True)
     assert out["dtype"] == "torch.float32"
-    # every MoE layer's routed experts went through vllm-gaudi's fused op, in every step (7)
+    # every MoE layer is vLLM's, with vllm-gaudi's method registered over vLLM's, and its routed experts went
+    # through vllm-gaudi's fused op in every step (7)
+    assert out["moe_methods"] == ["HPUUnquantizedFusedMoEMethod"], out
     assert out["moe_op_calls_per_step"] == 1, out
     # every norm is vllm-gaudi's HPURMSNorm (registered over vLLM's RMSNorm), run as the fused kernel once a step
     assert out["norm_classes"] == ["HPURMSNorm"], out
