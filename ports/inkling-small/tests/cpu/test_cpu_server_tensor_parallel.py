@@ -63,3 +63,11 @@ def test_quick_gates_pass_at_tensor_parallel_two(server):
     ('needs a trained model'); they do so at TP 1 inside the port container (tests/builder/test_cpu_image.py)."""
     code, report, stderr = run_gates(server, "quick", "--only", JUDGED_ON_THE_STAND_IN)
     assert code == 0 and report["summary"].startswith("5 judged, 5 passed"), f"exit {code}:\n{table(report)}\n{stderr[-2000:]}"
+
+
+def test_routed_experts_run_on_vllm_s_cpu_experts(server):
+    """The routed experts are vLLM's MoE layer with vLLM's unquantized method, on its CPU kernel, in each rank."""
+    log = server.log.read_text()
+    assert len(re.findall(r"Inkling MoE: routed experts on vLLM's MoE layer, method UnquantizedFusedMoEMethod\n",
+                          log)) == 2, log[-3000:]
+    assert "Using CPUUnquantizedExperts MoE backend" in log, log[-3000:]
