@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cpu-server", action="store_true", help="vllm bench serve on the CPU server instead")
-    parser.add_argument("--before", default="46a328b", help="git ref whose port is compared (--cpu-server)")
+    parser.add_argument("--before", default="caf4cd0", help="git ref whose port is compared (--cpu-server)")
     args = parser.parse_args()
     if args.cpu_server:
         return cpu_server_mode(args)

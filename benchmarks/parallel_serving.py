@@ -1,11 +1,12 @@
 """Inkling port through vLLM's own executor at tensor-parallel 1, tensor-parallel 2 and pipeline-parallel
 2, side by side in one run: start-up time, steady decode tokens/s, and the bytes each worker read.
 
-    python -m benchmarks.parallel_serving [--runs 3] [--configs tp1,tp2,pp2,tp2xpp2,tp2xpp2-ray]
+    python -m benchmarks.parallel_serving [--runs 3] [--configs tp1,tp2,pp2,tp2xpp2,tp2xpp2-ray] [--before REF]
 
 tp2xpp2-ray is the two-node variant on this machine (tools/ray_nodes.py: two Ray nodes, vLLM's Ray executor);
 its start-up includes starting the two Ray nodes. `--configs tp2xpp2,tp2xpp2-ray` compares it with the mp
-executor at the same sizes.
+executor at the same sizes. `--before REF` also serves each configuration with the port of git ref REF
+(alternated with this tree's) and prints this tree's figures as ratios of REF's.
 
 The real vLLM 0.30.0 CPU server (tools/cpu_server.py: fix pack applied, the port's plugin, the recipe's CPU
 flags) on the tiny random Inkling, one server per configuration and run, configurations alternated:
@@ -75,7 +76,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--configs", default="tp1,tp2,pp2")
+    parser.add_argument("--before", help="git ref whose port each configuration is also served with")
     args = parser.parse_args(argv)
+    import tempfile
+
     from tools import cpu_server
 
     names = args.configs.split(",")
@@ -86,30 +90,36 @@ def main(argv=None) -> int:
     print(f"fix pack: {cpu_server.patch_vllm(venv)}", file=sys.stderr)
     plugin = cpu_server.port_install(venv)
     model = cpu_server.tiny_model(venv, plugin)
-    results = {name: [] for name in names}
+    plugins = {"": plugin}
+    if args.before:
+        with tempfile.TemporaryDirectory() as scratch:
+            plugins[f"@{args.before}"] = cpu_server.port_install(venv, cpu_server.port_at(args.before, scratch))
+    results = {name + suffix: [] for name in names for suffix in plugins}
     for run in range(args.runs):
         for name in names:
-            log = REPO / "build" / "cpu-server" / f"bench-parallel-{name}-{run}.log"
-            tp, pp, nodes = CONFIGS[name]
-            server = cpu_server.CpuServer(venv, model, log, cpu_server.parallel_args(tp, pp) if nodes == 1 else [],
-                                          plugin_path=plugin, nodes=nodes)
-            print(f"running: {name}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            with server:      # __enter__ starts it and waits for /v1/models
-                results[name].append(measure(server, time.perf_counter() - start))
+            for suffix, port in plugins.items():
+                log = REPO / "build" / "cpu-server" / f"bench-parallel-{name}{suffix}-{run}.log"
+                tp, pp, nodes = CONFIGS[name]
+                server = cpu_server.CpuServer(venv, model, log, cpu_server.parallel_args(tp, pp) if nodes == 1 else [],
+                                              plugin_path=port, nodes=nodes)
+                print(f"running: {name}{suffix}, run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+                start = time.perf_counter()
+                with server:      # __enter__ starts it and waits for /v1/models
+                    results[name + suffix].append(measure(server, time.perf_counter() - start))
     print(f"\nreal vLLM 0.30.0 CPU server (mp executor, gloo; -ray: Ray executor), tiny random Inkling (4 layers, hidden 128), "
           f"2 cores; medians of {args.runs} runs, configurations alternated\n")
-    header = (f"{'config':<12}{'workers':>8}{'start-up s':>12}{'decode tok/s':>14}{'8 streams tok/s':>17}"
+    header = (f"{'config':<20}{'workers':>8}{'start-up s':>12}{'decode tok/s':>14}{'8 streams tok/s':>17}"
               f"{'MB per worker':>15}{'MB all workers':>16}")
     print(header + "\n" + "-" * len(header))
     medians = {}
     for name, runs in results.items():
         med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         medians[name] = med
-        print(f"{name:<12}{med['workers']:>8.0f}{med['startup_s']:>12.1f}{med['decode_tok_s']:>14.1f}"
+        print(f"{name:<20}{med['workers']:>8.0f}{med['startup_s']:>12.1f}{med['decode_tok_s']:>14.1f}"
               f"{med['batch_tok_s']:>17.1f}{med['max_bytes_per_worker'] / 1e6:>15.2f}{med['sum_bytes'] / 1e6:>16.2f}")
-    pairs = [(name, "tp1") for name in medians if name != "tp1" and "tp1" in medians]
-    pairs += [("tp2xpp2-ray", "tp2xpp2")] if {"tp2xpp2", "tp2xpp2-ray"} <= set(medians) else []
+    pairs = [(name, "tp1") for name in names if name != "tp1" and "tp1" in names]
+    pairs += [("tp2xpp2-ray", "tp2xpp2")] if {"tp2xpp2", "tp2xpp2-ray"} <= set(names) else []
+    pairs += [(name, f"{name}@{args.before}") for name in names] if args.before else []
     for name, other in pairs:
         med, base = medians[name], medians[other]
         print(f"{name} vs {other}: start-up {med['startup_s'] / base['startup_s']:.2f}x, decode "
