@@ -39,6 +39,7 @@ from vllm.model_executor.models.utils import (PPMissingLayer, extract_layer_inde
 from inkling_hpu.guards import tensor_parallel_refusal
 from inkling_hpu.model.attention_plan import AttentionKind, ChunkPlan, plan_step
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
+from inkling_hpu.model.gaudi_attention import GaudiFlatPagedAttention
 from inkling_hpu.model.knobs import Knobs, read_knobs
 from inkling_hpu.model.metadata import FlatDecodeGroup, StepMetadata
 
@@ -292,6 +293,20 @@ class InklingRelativeLogits(nn.Module):
 # --------------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------------
+@dataclass
+class FlatInputs:
+    """Decode rows as flat paged attention takes them: the query [G, H, D] (the global layers' log scaling
+    applied), the blocks read [NB] and their owners [NB] (G: padding), each block's slot mask [NB, B] (0, or the
+    dtype's min for later positions, outside the window and padding) and the relative logits of each slot
+    [NB, H, B] (0 beyond rel_extent): vllm-gaudi's block_list, block_groups, block_bias and position_bias."""
+
+    query: torch.Tensor
+    block_list: torch.Tensor
+    block_groups: torch.Tensor
+    block_bias: torch.Tensor
+    position_bias: torch.Tensor
+
+
 class InklingAttention(nn.Module):
     """Relative-position attention over the paged KV cache (base of the two layer kinds)."""
 
@@ -331,6 +346,8 @@ class InklingAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.rel_logits_proj = InklingRelativeLogits(config.d_rel, self.rel_extent)
+        # decode on vllm-gaudi's platform: its flat paged attention (None elsewhere: the port's own)
+        self.gaudi_flat_pa = GaudiFlatPagedAttention.where_available()
 
     def forward(self, hidden_states: torch.Tensor, meta: StepMetadata, cache: LayerCache,
                 plans: list[list[ChunkPlan]] | None, knobs: Knobs) -> torch.Tensor:
@@ -389,14 +406,11 @@ class InklingAttention(nn.Module):
         return out.reshape(num_requests, rows, self.num_heads * head_dim)
 
 
-    def _attend_flat(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
-                     group: FlatDecodeGroup) -> torch.Tensor:
-        """Decode attention over a flat block list, as vllm-gaudi's flat paged attention reads it: each
-        block is scored against its owner's query, and a softmax over the blocks of each request (max and
-        sum per request with scatter/index_add) gives the same probabilities as one softmax over the
-        request's keys. query [G, H, D], relative [G, H, d_rel] -> [G, H*D]."""
+    def _flat_inputs(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
+                     group: FlatDecodeGroup) -> "FlatInputs":
+        """The decode rows as flat paged attention takes them (vllm-gaudi's layout). query [G, H, D],
+        relative [G, H, d_rel]."""
         num_requests = query.shape[0]
-        kv_heads, groups, head_dim = self.num_key_value_heads, self.num_key_value_groups, self.head_dim
         block_size = cache.key.shape[1]
         blocks, owner, column = group.block_list, group.block_request, group.block_column
         if self.kind.window is not None and group.window_block_list is not None:
@@ -411,23 +425,43 @@ class InklingAttention(nn.Module):
             query = (query.float() * tau[:, None, None]).to(query.dtype)
             rel_logits = (rel_logits.float() * tau[:, None, None]).to(rel_logits.dtype)
         owner_row = owner.clamp(max=num_requests - 1)       # padding blocks borrow row 0..G-1, masked below
-        keys = block_heads(cache.key, blocks)                                          # [NB, KV, B, D]
-        values = block_heads(cache.value, blocks)
-        block_query = query.index_select(0, owner_row).view(num_blocks, kv_heads, groups, head_dim)
-        scores = torch.matmul(block_query, keys.transpose(-1, -2).to(query.dtype)) * self.scaling
-        scores = scores.view(num_blocks, self.num_heads, block_size)                    # [NB, H, B]
-
         query_pos = positions.index_select(0, owner_row)
         key_pos = column[:, None] * block_size + torch.arange(block_size, device=column.device)[None, :]
         distance = query_pos[:, None] - key_pos                                          # [NB, B]
-        masked = (distance < 0) | (owner >= num_requests)[:, None] | (query_pos < 0)[:, None]
+        padding = (owner >= num_requests)[:, None] | (query_pos < 0)[:, None]
+        masked = (distance < 0) | padding
         if self.kind.window is not None:
             masked = masked | (distance >= self.kind.window)
+        # slot 0 of a padding block stays open, as vllm-gaudi's padding does: no block's softmax is empty
+        masked[:, 0] &= ~padding[:, 0]
+        block_bias = torch.zeros(num_blocks, block_size, dtype=query.dtype, device=query.device).masked_fill(
+            masked, torch.finfo(query.dtype).min)
         bias_valid = (distance >= 0) & (distance < self.rel_extent)
-        bias = rel_logits.index_select(0, owner_row).gather(
+        position_bias = rel_logits.index_select(0, owner_row).gather(
             2, distance.clamp(0, self.rel_extent - 1)[:, None, :].expand(num_blocks, self.num_heads, block_size))
-        scores = scores + bias.masked_fill(~bias_valid[:, None, :], 0.0)
-        scores = scores.masked_fill(masked[:, None, :], torch.finfo(scores.dtype).min).float()
+        return FlatInputs(query, blocks, owner, block_bias, position_bias.masked_fill(~bias_valid[:, None, :], 0.0))
+
+    def _attend_flat(self, query: torch.Tensor, relative: torch.Tensor, cache: LayerCache,
+                     group: FlatDecodeGroup) -> torch.Tensor:
+        """Decode attention over a flat block list, as vllm-gaudi's flat paged attention reads it: each
+        block is scored against its owner's query, and a softmax over the blocks of each request. On
+        vllm-gaudi's platform, its own flat_pa (`gaudi_flat_pa`); elsewhere the same computation here (max
+        and sum per request with scatter/index_add). query [G, H, D], relative [G, H, d_rel] -> [G, H*D]."""
+        flat = self._flat_inputs(query, relative, cache, group)
+        if self.gaudi_flat_pa is not None:
+            return self.gaudi_flat_pa(flat, cache, self.scaling)
+        num_requests = query.shape[0]
+        kv_heads, groups, head_dim = self.num_key_value_heads, self.num_key_value_groups, self.head_dim
+        block_size = cache.key.shape[1]
+        owner = flat.block_groups
+        num_blocks = flat.block_list.shape[0]
+        keys = block_heads(cache.key, flat.block_list)                                   # [NB, KV, B, D]
+        values = block_heads(cache.value, flat.block_list)
+        block_query = flat.query.index_select(0, owner.clamp(max=num_requests - 1)).view(
+            num_blocks, kv_heads, groups, head_dim)
+        scores = torch.matmul(block_query, keys.transpose(-1, -2).to(query.dtype)) * self.scaling
+        scores = scores.view(num_blocks, self.num_heads, block_size)                    # [NB, H, B]
+        scores = (scores + flat.position_bias + flat.block_bias[:, None, :]).float()
 
         # softmax over all blocks of a request: its max, then its sum (row G collects padding blocks)
         segment = owner[:, None].expand(num_blocks, self.num_heads)

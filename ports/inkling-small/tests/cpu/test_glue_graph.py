@@ -12,6 +12,7 @@ step has no host sync. The results must equal the CPU metadata builder's (refere
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,76 @@ def test_flat_decode_attention_equals_the_per_request_tables(config, dtype):
         torch.testing.assert_close(flat_logits, per_table, atol=1e-6, rtol=0)
     else:
         assert flat_logits.argmax(-1).tolist() == per_table.argmax(-1).tolist()
+
+
+def scenario_flat_decode_through_vllm_gaudi_flat_pa(port_dir: str) -> dict:
+    """In the harness (vllm-gaudi's platform): each shipped config built there, so its decode attention is
+    vllm-gaudi's flat_pa (GaudiFlatPagedAttention); the flat decode's logits against the per-request tables'
+    (the port's own chunked attention), in fp32 and bf16, and the calls flat_pa took."""
+    import vllm_gaudi
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+    from vllm_gaudi.extension import ops
+
+    from gaudi_harness import builders
+    from inkling_hpu.model.gaudi_attention import GaudiFlatPagedAttention
+    from inkling_hpu.model.metadata import flat_decode_group
+    from dataclasses import replace
+
+    model_helpers = helpers
+    vllm_gaudi.register_ops()
+    calls = []
+    real_flat_pa = ops.flat_pa
+    ops.flat_pa = lambda *args, **kwargs: calls.append(1) or real_flat_pa(*args, **kwargs)
+    out = {}
+    for config in model_helpers.SHIPPED_CONFIGS:
+        for dtype in (torch.float32, torch.bfloat16):
+            with set_current_vllm_config(builders.make_vllm_config()):
+                model = parity.build_port(model_helpers.load_config(config), model_helpers.checkpoint(config), dtype,
+                                          model_helpers.BIAS_BUDGET)
+                for module in model.modules():      # as a worker's loader ends: vllm-gaudi's MoE method
+                    if isinstance(getattr(module, "quant_method", None), FusedMoEMethodBase):   # takes its experts
+                        module.quant_method.process_weights_after_loading(module)
+            kinds = {type(layer.self_attn.gaudi_flat_pa).__name__ for layer in model.model.layers}
+            kernel = model.config.conv_kernel_size
+            caches = model.allocate_caches(40, BLOCK)
+            prompts = [[t % 30 for t in _tokens(n, seed=n)] for n in (13, 22, 5)]
+            tables = [list(range(1, 8)), list(range(8, 15)), list(range(15, 22))]
+            before = len(calls)
+            with torch.no_grad():
+                model(reference_step_metadata([RequestChunk(p, 0, t) for p, t in zip(prompts, tables)],
+                                              block_size=BLOCK, conv_kernel_size=kernel, pad_block_id=39), caches)
+                decode = reference_step_metadata([RequestChunk([7], len(p), t) for p, t in zip(prompts, tables)],
+                                                 block_size=BLOCK, conv_kernel_size=kernel, pad_block_id=39,
+                                                 pad_decode_requests_to=4, pad_blocks_to=8)
+                flat = replace(decode, groups=[flat_decode_group(g, 39) for g in decode.groups])
+                per_table = model.compute_logits(model(decode, copy.deepcopy(caches)))[:3].float()
+                flat_logits = model.compute_logits(model(flat, copy.deepcopy(caches)))[:3].float()
+            out[f"{config}/{str(dtype)[6:]}"] = {
+                "kinds": sorted(kinds), "flat_pa_calls": len(calls) - before, "layers": len(model.model.layers),
+                "max_abs": float((flat_logits - per_table).abs().max()),
+                "same_tokens": flat_logits.argmax(-1).tolist() == per_table.argmax(-1).tolist()}
+    ops.flat_pa = real_flat_pa
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_flat_decode_through_vllm_gaudi_s_flat_pa_equals_the_per_request_tables(served_vllm_gaudi, vllm_src, port_dir):
+    """On vllm-gaudi's platform the decode attention is its own flat_pa (the relative logits as its position_bias,
+    the masks as its block_bias), once per layer and decode step; the logits equal the port's per-request-table
+    attention within 1e-6 in fp32, and give the same greedy tokens in bf16."""
+    from gaudi_harness.subproc import run_scenario
+
+    out = run_scenario(f"{__file__}::scenario_flat_decode_through_vllm_gaudi_flat_pa", served_vllm_gaudi, vllm_src,
+                       timeout=800, python_path=[port_dir, Path(__file__).parent], port_dir=str(port_dir))
+    assert len(out) == 2 * len(helpers.SHIPPED_CONFIGS), out
+    for name, case in out.items():
+        assert case["kinds"] == ["GaudiFlatPagedAttention"] and case["flat_pa_calls"] == case["layers"], (name, case)
+        if name.endswith("float32"):
+            assert case["max_abs"] <= 1e-6, (name, case)
+        else:
+            assert case["same_tokens"], (name, case)
 
 
 def test_debug_check_refuses_a_prefill_without_its_context_blocks():

@@ -429,6 +429,7 @@ def scenario_glue_end_to_end(port_dir: str, float32: bool = False) -> dict:
             "moe_op_calls_per_step": moe_calls / 7 / moe_layers, "norm_classes": sorted(set(norms)),
             "moe_methods": sorted({type(layer.mlp.experts.routed_experts.quant_method).__name__
                                    for layer in model.model.layers if hasattr(layer.mlp, "experts")}),
+            "decode_attention": sorted({type(layer.self_attn.gaudi_flat_pa).__name__ for layer in model.model.layers}),
             "fused_rms_norm_calls_per_step_and_norm": norm_calls / 7 / len(norms)}
 
 
@@ -455,6 +456,8 @@ def test_glue_through_the_real_runner_in_fp32_gives_transformers_greedy_tokens(s
     # every MoE layer is vLLM's, with vllm-gaudi's method registered over vLLM's, and its routed experts went
     # through vllm-gaudi's fused op in every step (7)
     assert out["moe_methods"] == ["HPUUnquantizedFusedMoEMethod"], out
+    # decode attention is vllm-gaudi's flat_pa (test_glue_graph.py proves it equal to the port's own)
+    assert out["decode_attention"] == ["GaudiFlatPagedAttention"], out
     assert out["moe_op_calls_per_step"] == 1, out
     # every norm is vllm-gaudi's HPURMSNorm (registered over vLLM's RMSNorm), run as the fused kernel once a step
     assert out["norm_classes"] == ["HPURMSNorm"], out
