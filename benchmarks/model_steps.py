@@ -35,6 +35,7 @@ def build(threads: int):
     from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, reference_step_metadata
     from inkling_hpu.model.device_metadata import decode_step_metadata
     from inkling_hpu.model.knobs import Knobs
+    from inkling_hpu.model.modeling import process_weights_after_loading
     from tools.tiny_model import INKLING, VOCAB_ROWS
 
     torch.set_num_threads(threads)
@@ -45,6 +46,7 @@ def build(threads: int):
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.02)
+    process_weights_after_loading(model)     # on vLLM's CPU build: its kernels' packed weights, as served
     model.eval()
     per_request = -(-(CONTEXT + 1) // BLOCK)
     tables = [list(range(1 + r * per_request, 1 + (r + 1) * per_request)) for r in range(REQUESTS)]

@@ -675,6 +675,22 @@ def vllm_has_moe_kernel() -> bool:
     return not current_platform.is_unspecified()
 
 
+def process_weights_after_loading(model: nn.Module) -> None:
+    """What vLLM's loader does once a worker's load_weights is done: each layer's method prepares its weights
+    (vLLM's CPU build packs the linears and the routed experts for its kernels, vllm-gaudi hands its fused op
+    the experts). For a model loaded outside a worker (parity, the benchmarks, the harness) on a platform with
+    vLLM's kernels; in the sdist (no platform) there is nothing to prepare."""
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    if not vllm_has_moe_kernel():
+        return
+    with vllm_layers_buildable(model.tp, model.stage, model.dtype):
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, QuantizeMethodBase):
+                method.process_weights_after_loading(module)
+
+
 class InklingMoE(nn.Module):
     """Routed experts on vLLM's MoE layer (FusedMoEFactory; on HPU vllm-gaudi's fused MoE method), routed by
     Inkling's gate as its custom routing function, as vLLM's own Inkling builds them; the shared ("sink")

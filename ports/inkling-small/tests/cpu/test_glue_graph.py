@@ -175,11 +175,10 @@ def scenario_flat_decode_through_vllm_gaudi_flat_pa(port_dir: str) -> dict:
     (the port's own chunked attention), in fp32 and bf16, and the calls flat_pa took."""
     import vllm_gaudi
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
     from vllm_gaudi.extension import ops
 
     from gaudi_harness import builders
-    from inkling_hpu.model.gaudi_attention import GaudiFlatPagedAttention
+    from inkling_hpu.model.modeling import process_weights_after_loading
     from inkling_hpu.model.metadata import flat_decode_group
     from dataclasses import replace
 
@@ -194,9 +193,7 @@ def scenario_flat_decode_through_vllm_gaudi_flat_pa(port_dir: str) -> dict:
             with set_current_vllm_config(builders.make_vllm_config()):
                 model = parity.build_port(model_helpers.load_config(config), model_helpers.checkpoint(config), dtype,
                                           model_helpers.BIAS_BUDGET)
-                for module in model.modules():      # as a worker's loader ends: vllm-gaudi's MoE method
-                    if isinstance(getattr(module, "quant_method", None), FusedMoEMethodBase):   # takes its experts
-                        module.quant_method.process_weights_after_loading(module)
+                process_weights_after_loading(model)      # vllm-gaudi's MoE method takes its experts
             kinds = {type(layer.self_attn.gaudi_flat_pa).__name__ for layer in model.model.layers}
             kernel = model.config.conv_kernel_size
             caches = model.allocate_caches(40, BLOCK)
