@@ -11,6 +11,9 @@ flat block list (model/device_metadata.decode_step_metadata, as cpu_glue builds 
 the window's blocks) and a 512-token prefill chunk. Each process builds the model once and reports the
 median of 20 calls; the table gives the median of --runs processes per tree. --profile prints this
 tree's decode step by operator (torch.profiler, grouped by input shape): what a step spends its time on.
+Run by the CPU server venv's python (tools/server_env.sh), the model computes with vLLM's compiled CPU kernels
+as served (its CPU experts, its oneDNN linears); by the test venv's, with the sdist's (SortedDispatchMoEMethod,
+torch's linear).
 """
 from __future__ import annotations
 

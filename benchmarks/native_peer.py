@@ -8,8 +8,9 @@ first is dense, 4 query / 2 KV heads of dim 64, 64 routed experts of width 64, 6
 expert). The peer is vLLM's own Qwen3-MoE (`Qwen3MoeForCausalLM`) at those widths with random weights: the
 same heads, layers, dense first layer, experts and top-k, the same tokenizer, without Inkling's short
 convolutions, relative logits and shared expert. vLLM serves it with its own layers and CPU kernels
-(fused MoE included). What the port costs beyond the peer is what its own code costs: its attention over
-the paged cache, its convolutions and conv snapshots, its MoE dispatch.
+(fused MoE included). The port's routed experts are vLLM's MoE layer on the same CPU kernel, so what it
+costs beyond the peer is what its own code costs: its relative-logits attention over the paged cache, its
+convolutions and conv snapshots, its shared expert and its step metadata.
 
 Both servers run the recipe's CPU variant (tools/cpu_server.CpuServer: fp32, block 128, eager, prefix
 caching, the port's plugin on the path) and `vllm bench serve` at CPU scale (random input 512, output 64,
