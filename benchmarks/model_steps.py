@@ -38,7 +38,6 @@ def build(threads: int):
     from inkling_hpu.model import InklingForCausalLM, InklingPortConfig, RequestChunk, reference_step_metadata
     from inkling_hpu.model.device_metadata import decode_step_metadata
     from inkling_hpu.model.knobs import Knobs
-    from inkling_hpu.model.modeling import process_weights_after_loading
     from tools.tiny_model import INKLING, VOCAB_ROWS
 
     torch.set_num_threads(threads)
@@ -74,6 +73,24 @@ def build(threads: int):
     prefill = reference_step_metadata([RequestChunk(prompt, 0, free)], block_size=BLOCK, conv_kernel_size=4,
                                       pad_block_id=0)
     return model, caches, decode, prefill
+
+
+def process_weights_after_loading(model) -> None:
+    """As served: the port's own step after loading (vLLM's loader does it in a worker), or, for a port from
+    before it (--before), the same loop over its layers' methods."""
+    try:
+        from inkling_hpu.model.modeling import process_weights_after_loading as port_step
+    except ImportError:
+        from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+        from inkling_hpu.model.modeling import vllm_layers_buildable
+
+        with vllm_layers_buildable(model.tp, model.stage, model.dtype):
+            for module in model.modules():
+                if isinstance(getattr(module, "quant_method", None), QuantizeMethodBase):
+                    module.quant_method.process_weights_after_loading(module)
+        return
+    port_step(model)
 
 
 def measure(threads: int) -> dict:
