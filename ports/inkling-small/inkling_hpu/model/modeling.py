@@ -1,16 +1,18 @@
 """Inkling text backbone, shaped for HPU graphs (no Triton, no CUDA), built from vLLM's layers where vLLM has
 one that computes this model, as vLLM's own Inkling (vllm/models/inkling/amd/) is: `RMSNorm` (on HPU,
 vllm-gaudi registers its fused kernel over it), parallel linears for the attention projections, the dense
-MLP and the shared experts (each platform's GEMM: on vLLM's CPU build, its oneDNN or packed kernels), the
-vocab-parallel head and its logits processor, and make_layers / PPMissingLayer for the pipeline stages.
-The embedding is replicated on every rank, as vLLM's Inkling keeps it. The port's own code is what vLLM
-has no layer for: the relative-logits attention over the paged cache, the short convolutions with their
-per-block snapshots, and the channel split of the hidden streams under TP (TensorParallel).
+MLP and the shared experts (each platform's GEMM: on vLLM's CPU build, its oneDNN or packed kernels), vLLM's
+MoE layer for the routed experts with Inkling's gate as its routing function (on HPU, vllm-gaudi's fused MoE
+method; on vLLM's CPU build, its CPU experts), the vocab-parallel head and its logits processor, and
+make_layers / PPMissingLayer for the pipeline stages. The embedding is replicated on every rank, as vLLM's
+Inkling keeps it. The port's own code is what vLLM has no layer for: the relative-logits attention over the
+paged cache (its decode rows through vllm-gaudi's flat_pa on HPU, gaudi_attention.py), the short
+convolutions with their per-block snapshots, and the channel split of the hidden streams under TP
+(TensorParallel).
 
 Names mirror transformers 5.24.0's `models/inkling/modeling_inkling.py` where the math is the same;
 the differences are the fused `qkvr_proj`, SwiGLU weights as rows [gate | up] (the checkpoint's
-interleaved w13, split once at load), routed experts computed only for the tokens routed to them,
-and a forward over flattened tokens with paged KV and per-request conv state (see metadata.py and
+interleaved w13, split once at load), routed experts on vLLM's MoE layer, and a forward over flattened tokens with paged KV and per-request conv state (see metadata.py and
 docs/caches.md). Gathers use index_select; every shape follows from the step's padding.
 """
 from __future__ import annotations
