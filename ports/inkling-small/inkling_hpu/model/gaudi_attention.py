@@ -5,13 +5,8 @@ block-softmax kernels where its config enables them), with its matmul and KV-fet
 attention backend calls it. Importing this module needs neither vllm-gaudi nor Habana."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from inkling_hpu.model.modeling import FlatInputs, LayerCache
 
 
 def on_gaudi_platform() -> bool:
@@ -38,8 +33,9 @@ class GaudiFlatPagedAttention(nn.Module):
     def where_available(cls) -> "GaudiFlatPagedAttention | None":
         return cls() if on_gaudi_platform() else None
 
-    def forward(self, flat: "FlatInputs", cache: "LayerCache", scale: float) -> torch.Tensor:
-        """[G, H*D] for the G decode rows of `flat`."""
+    def forward(self, flat, cache, scale: float) -> torch.Tensor:
+        """[G, H*D] for the G decode rows of `flat` (modeling.FlatInputs) over `cache` (modeling.LayerCache). The
+        types stay unimported: modeling imports this module."""
         from vllm_gaudi.extension.ops import flat_pa
 
         num_requests, heads, head_dim = flat.query.shape
