@@ -29,7 +29,6 @@ def setup_paths() -> Path:
     # Appended, not prepended: the sdist's own tests/ package must not shadow ours.
     if str(tree) not in sys.path:
         sys.path.append(str(tree))
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     return tree
 
 

@@ -38,7 +38,7 @@ import torch
 from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.knobs import KnobError, Knobs, read_knobs
 from inkling_hpu.model.metadata import RequestChunk, reference_step_metadata
-from inkling_hpu.model.modeling import InklingForCausalLM
+from inkling_hpu.model.modeling import InklingForCausalLM, process_weights_after_loading
 from inkling_hpu.model.weights import load_checkpoint
 
 TOLERANCE = {
@@ -247,6 +247,7 @@ def build_port(raw_config: dict[str, Any], checkpoint: dict[str, torch.Tensor], 
     config = InklingPortConfig.from_dict({k: v for k, v in raw_config.items() if k not in NON_MODEL_KEYS})
     model = InklingForCausalLM(config, knobs=knobs, dtype=dtype)
     load_checkpoint(model, checkpoint)
+    process_weights_after_loading(model)    # as vLLM's loader does in a worker: its kernels' weights, where it has them
     return model.eval()
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.distributed import divide
+from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
@@ -44,6 +45,9 @@ from inkling_hpu.model.config import InklingConfigError, InklingPortConfig
 from inkling_hpu.model.gaudi_attention import GaudiFlatPagedAttention
 from inkling_hpu.model.knobs import Knobs, read_knobs
 from inkling_hpu.model.metadata import FlatDecodeGroup, StepMetadata
+
+logger = init_logger("vllm.inkling_hpu")
+
 
 def _default_vllm_config():
     """A new one per model built: vLLM's MoE layers register themselves by name in the config they are built
@@ -620,11 +624,12 @@ def all_experts_reference(hidden_states: torch.Tensor, gate_up: torch.Tensor, do
 
 
 class SortedDispatchMoEMethod(FusedMoEMethodBase):
-    """vLLM's MoE layer's method where vLLM has no MoE kernel for the platform: the pure-Python vLLM sdist
-    that parity, the memory arithmetic and the tests import (no platform, no compiled ops). It keeps vLLM's
-    unquantized weights (w13_weight [E, gate | up, hidden], w2_weight [E, hidden, width]) and computes
-    routed_experts on them. A vLLM worker never uses it: vLLM's CPU build runs its CPU experts, vllm-gaudi
-    its HPU method (the fused MoE op)."""
+    """vLLM's MoE layer's method where vLLM has no MoE kernel for the layer (InklingRoutedExperts): the
+    pure-Python vLLM sdist that parity, the memory arithmetic and the tests import (no platform, no compiled
+    ops), and vLLM's CPU build on widths its CPU experts refuse (a hidden size not a multiple of 32: the
+    smallest test configs). It keeps vLLM's unquantized weights (w13_weight [E, gate | up, hidden], w2_weight
+    [E, hidden, width]) and computes routed_experts on them. The served configs never use it: vLLM's CPU
+    build runs its CPU experts, vllm-gaudi its HPU method (the fused MoE op)."""
 
     def create_weights(self, layer, num_experts: int, hidden_size: int, intermediate_size_per_partition: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
@@ -649,11 +654,22 @@ class AllExpertsMethod(SortedDispatchMoEMethod):
         return all_experts_reference(x, layer.w13_weight, layer.w2_weight, topk_ids.long(), topk_weights)
 
 
-class SortedDispatchExperts(RoutedExperts):
-    """vLLM's routed experts with SortedDispatchMoEMethod as their method (see there for where)."""
+class InklingRoutedExperts(RoutedExperts):
+    """vLLM's routed experts with the method vLLM picks for them (vllm-gaudi's on HPU, vLLM's CPU experts on
+    its CPU build, a quantized checkpoint's), else SortedDispatchMoEMethod where vLLM has no MoE kernel for
+    this layer: no platform (the pure-Python sdist), or none of the platform's kernels takes these widths
+    (vLLM's oracle raises NotImplementedError; a backend the user asked for by name still raises)."""
 
     def _get_quant_method(self, prefix, quant_config, moe_config):
-        return SortedDispatchMoEMethod(moe_config)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_unspecified():
+            return SortedDispatchMoEMethod(moe_config)
+        try:
+            return super()._get_quant_method(prefix, quant_config, moe_config)
+        except NotImplementedError as none_fits:
+            logger.info_once("Inkling's routed experts run SortedDispatchMoEMethod: %s", str(none_fits))
+            return SortedDispatchMoEMethod(moe_config)
 
 
 class InklingSharedExperts(nn.ModuleList):
@@ -669,23 +685,13 @@ class InklingSharedExperts(nn.ModuleList):
         return torch.stack(outs).float().sum(dim=0).to(hidden_states.dtype)
 
 
-def vllm_has_moe_kernel() -> bool:
-    """Whether vLLM's MoE layer has a kernel on this process's platform (CPU, HPU, ...): not in the sdist's
-    pure-Python import, whose platform is unspecified."""
-    from vllm.platforms import current_platform
-
-    return not current_platform.is_unspecified()
-
-
 def process_weights_after_loading(model: nn.Module) -> None:
     """What vLLM's loader does once a worker's load_weights is done: each layer's method prepares its weights
     (vLLM's CPU build packs the linears and the routed experts for its kernels, vllm-gaudi hands its fused op
-    the experts). For a model loaded outside a worker (parity, the benchmarks, the harness) on a platform with
-    vLLM's kernels; in the sdist (no platform) there is nothing to prepare."""
+    the experts). For a model loaded outside a worker (parity, the benchmarks, the harness); in the sdist (no
+    platform) the methods have nothing to prepare."""
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 
-    if not vllm_has_moe_kernel():
-        return
     with vllm_layers_buildable(model.tp, model.stage, model.dtype):
         for module in model.modules():
             method = getattr(module, "quant_method", None)
@@ -708,7 +714,7 @@ class InklingMoE(nn.Module):
             intermediate_size=config.moe_intermediate_size, renormalize=False, reduce_results=False,
             custom_routing_function=self._select_routed, router_logits_dtype=torch.float32, activation="silu",
             prefix=f"{prefix}.experts",
-            routed_experts_cls=None if vllm_has_moe_kernel() else SortedDispatchExperts)
+            routed_experts_cls=InklingRoutedExperts)
         self.experts.moe_config.skip_final_all_reduce = True
         self.shared_experts = InklingSharedExperts(config)
         self._selection: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None

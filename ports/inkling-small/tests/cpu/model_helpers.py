@@ -9,7 +9,7 @@ import torch
 
 from inkling_hpu import parity
 from inkling_hpu.model.knobs import Knobs
-from inkling_hpu.model.modeling import AllExpertsMethod, SortedDispatchExperts
+from inkling_hpu.model.modeling import AllExpertsMethod, SortedDispatchMoEMethod
 
 PORT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def as_on_hpu(model):
     with no data-dependent shapes; the all-experts reference stands in for it (the sdist's sorted dispatch
     reads its per-expert counts on the host, a graph break)."""
     for module in model.modules():
-        if isinstance(module, SortedDispatchExperts):
+        if isinstance(getattr(module, "quant_method", None), SortedDispatchMoEMethod):
             module._replace_quant_method(AllExpertsMethod(module.moe_config))
     return model
 

@@ -96,6 +96,30 @@ def test_cli_prints_json_and_exits_zero(tmp_path):
     assert "local_layer_ids" in done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("config_name, experts_method", [("tiny-gqa2-mix.json", "vLLM's CPU experts"),
+                                                         ("tiny-moe-window-unaligned.json", "SortedDispatchMoEMethod")])
+def test_parity_holds_on_vllm_s_cpu_build(config_name, experts_method):
+    """The parity CLI on vLLM's CPU build (the CPU server's venv: its platform, its kernels), outside a worker:
+    the weights are prepared as its loader prepares them (else its MoE method has no kernel: `assert
+    self.moe_kernel is not None`), and the 24-wide config's routed experts, whose hidden size its CPU experts
+    refuse, run SortedDispatchMoEMethod (else `NotImplementedError: No Unquantized MoE backend supports the
+    deployment configuration.` while building the model)."""
+    from cpu_server_helpers import server_venv
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    env.update(PYTHONPATH=str(helpers.PORT_ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([str(server_venv() / "bin" / "python"), "-m", "inkling_hpu.parity",
+                           "--config", str(helpers.CONFIG_DIR / config_name)],
+                          capture_output=True, text=True, env=env, timeout=1100)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout)["ok"], done.stdout
+    fallbacks = done.stderr.count("Inkling's routed experts run SortedDispatchMoEMethod")
+    assert fallbacks == (experts_method == "SortedDispatchMoEMethod"), done.stderr[-4000:]
+
+
 def test_checkpoint_to_reference_reads_back_what_reference_to_checkpoint_wrote():
     """A checkpoint's tensors back into transformers' Inkling (how the served trained checkpoint gets its
     reference): every tensor of a random reference returns exactly."""
