@@ -26,11 +26,11 @@ def _pin_vllm_to_its_pure_python_layers() -> None:
     import vllm.platforms
     from vllm.platforms.interface import UnspecifiedPlatform
 
-    if vllm.platforms.current_platform.is_unspecified():    # the sdist
+    resolved = vllm.platforms.current_platform
+    if resolved.is_unspecified():    # the sdist
         return
     holders = [name for name, module in list(sys.modules.items())
-               if name.startswith("vllm.") and name != "vllm.platforms"
-               and getattr(module, "current_platform", None) is vllm.platforms._current_platform is not None]
+               if name != "vllm.platforms" and getattr(module, "current_platform", None) is resolved]
     if holders:
         raise RuntimeError(f"vLLM modules already hold the resolved platform ({', '.join(holders)}): the port's "
                            "CPU tests must be collected before the rest of vLLM is imported")
