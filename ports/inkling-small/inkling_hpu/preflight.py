@@ -26,6 +26,8 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -171,9 +173,8 @@ def read_stamps(profile: str) -> dict:
     return {t: found[package] for t, package in packages.items() if package in found}
 
 
-def run_cpu_tests() -> tuple[str, str]:
+def run_cpu_tests(tests: Path = PORT / "tests" / "cpu") -> tuple[str, str]:
     missing = _not_importable("torch", "pytest", "vllm")
-    tests = PORT / "tests" / "cpu"
     if missing:
         return "skip", f"{', '.join(missing)} not importable in this image: CPU tests not run"
     if not tests.is_dir():
@@ -184,11 +185,36 @@ def run_cpu_tests() -> tuple[str, str]:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
                            "not server and not pristine", str(tests)],
                           capture_output=True, text=True, cwd="/tmp", env=env)
+    return ("pass" if proc.returncode == 0 else "fail"), cpu_tests_detail(proc, tests)
+
+
+def cpu_tests_detail(proc: subprocess.CompletedProcess, tests: Path) -> str:
+    """pytest's tally and the tests that failed; when pytest died before its tally (a signal, an internal
+    error), why: the signal by name, where it was (the innermost frame in `tests` of Python's fatal-error
+    traceback, which pytest's faulthandler prints) and the last lines of its stderr."""
     lines = proc.stdout.strip().splitlines() or [""]
-    # the tally, then which tests failed (pytest's short summary: "FAILED path::test - message")
+    # pytest's short summary: "FAILED path::test - message"
     failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
-    detail = lines[-1] + (f"; failed: {', '.join(failed[:10])}" if failed else "")
-    return ("pass" if proc.returncode == 0 else "fail"), detail
+    tally = lines[-1] + (f"; failed: {', '.join(failed[:10])}" if failed else "")
+    if proc.returncode >= 0 and tally:
+        return tally
+    if proc.returncode < 0:
+        sig = signal.Signals(-proc.returncode)
+        how = f"pytest killed by {sig.name} ({signal.strsignal(sig)})"
+    else:
+        how = f"pytest exited {proc.returncode} before its tally"
+    err = [line.strip() for line in proc.stderr.strip().splitlines() if line.strip()]
+    frames = [m.groups() for m in (re.match(r'File "(.+)", line (\d+) in (\S+)', line) for line in err) if m]
+    inside = [(path, line, func) for path, line, func in frames if Path(path).is_relative_to(tests)]
+    if inside:    # most recent call first
+        path, line, func = inside[0]
+        test = Path(path).relative_to(tests.parent.parent)
+        how += f" while {'collecting' if func == '<module>' else 'in'} {test}:{line}" + \
+            ("" if func == "<module>" else f" ({func})")
+    fatal = next((line for line in err if line.startswith("Fatal Python error")), None)
+    tail = [fatal] if fatal else []
+    tail += [line for line in err[-3:] if line != fatal]
+    return how + ("; stderr: " + " | ".join(tail) if tail else "; stderr empty") + (f"; stdout: {tally}" if tally else "")
 
 
 def main() -> int:

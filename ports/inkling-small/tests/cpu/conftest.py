@@ -7,37 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from vllm_platform_pin import pin_vllm_to_its_pure_python_layers
+
 PORT = Path(__file__).resolve().parents[2]          # ports/inkling-small
 
 
-def _pin_vllm_to_its_pure_python_layers() -> None:
-    """The tests in this process build the port on vLLM's pure-Python layers: vLLM's UnspecifiedPlatform, what
-    the sdist resolves to. An installed vLLM resolves otherwise (the CPU build to its CpuPlatform, a Gaudi
-    image to vllm-gaudi's HPU platform, whose kernels the tests' CPU tensors cannot run), and the in-image
-    preflight runs these tests against it: pinned, they compute the same there. The served path on a
-    platform's kernels is what the server tests and the rehearsal container check; child processes (the
-    harness, the servers, the CLIs) resolve their own platform.
-
-    `import vllm` resolves the platform (vllm.utils.torch_utils asks it at import) and caches it in
-    vllm.platforms._current_platform; no module imported by then holds it, so replacing the cache before
-    anything else of vLLM is imported pins every later `from vllm.platforms import current_platform`."""
-    import sys
-
-    import vllm.platforms
-    from vllm.platforms.interface import UnspecifiedPlatform
-
-    resolved = vllm.platforms.current_platform
-    if resolved.is_unspecified():    # the sdist
-        return
-    holders = [name for name, module in list(sys.modules.items())
-               if name != "vllm.platforms" and getattr(module, "current_platform", None) is resolved]
-    if holders:
-        raise RuntimeError(f"vLLM modules already hold the resolved platform ({', '.join(holders)}): the port's "
-                           "CPU tests must be collected before the rest of vLLM is imported")
-    vllm.platforms._current_platform = UnspecifiedPlatform()
-
-
-_pin_vllm_to_its_pure_python_layers()
+# before anything else of vLLM is imported (vllm_platform_pin.py says why)
+pin_vllm_to_its_pure_python_layers()
 
 
 @pytest.fixture(scope="session")
