@@ -153,18 +153,22 @@ def preflight_requirements(venv: Path) -> Path:
 # gates judge its answers. Its positions reach TRAINED_MAX_POSITION.
 TRAINED_MODEL = REPO / "checkpoints" / "trained-tiny-inkling"
 TRAINED_MAX_POSITION = 16384
+TRAINED_SERVED_NAME = "tiny-inkling-trained"
 
 
 def tiny_model(venv: Path, port: Path, max_position: int = 4096, experts: tuple[int, int] | None = None,
-               vllm_path: Path | None = None) -> Path:
+               vllm_path: Path | None = None, winning_padding: int = 0) -> Path:
     """The tiny random Inkling, built once per version of tools/tiny_model.py and of the port (its
     weights come from the port's parity module). `experts`: (routed experts, per token) instead of
-    tiny_model.py's 8 and 2. `vllm_path`: where vLLM is, for a venv without it (the test venv: the sdist)."""
+    tiny_model.py's 8 and 2. `vllm_path`: where vLLM is, for a venv without it (the test venv: the sdist).
+    `winning_padding`: tiny_model.py's --winning-padding."""
     script = REPO / "tools" / "tiny_model.py"
-    key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position} {experts}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{_tree_hash(script)} {port.name} {max_position} {experts} {winning_padding}".encode()
+                         ).hexdigest()[:12]
     out = CACHE_ROOT / f"tiny-inkling-{key}"
     if not (out / ".complete").exists():
         shape = ["--experts", str(experts[0]), "--top-k", str(experts[1])] if experts else []
+        shape += ["--winning-padding", str(winning_padding)] if winning_padding else []
         subprocess.run([str(venv / "bin" / "python"), str(script), str(out), "--max-position", str(max_position),
                         *shape], check=True, capture_output=True, timeout=900,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, filter(None, [port, vllm_path])))})
@@ -241,8 +245,8 @@ class CpuServer:
         # the TEST-ONLY Ray device stand-in comes first, so that every process of the nodes imports it
         paths = [str(ray_nodes.STAND_IN)] if nodes == 2 else []
         paths += [str(plugin_path)] if plugin_path is not None else []
-        if paths:
-            self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
+        if paths:   # before the caller's (`env`, else ours)
+            self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, self.env.get("PYTHONPATH")]))
         self.ray_nodes = None
         if nodes == 2:
             self.ray_nodes = ray_nodes.RayNodes(venv, self.env, free_port(), log.with_name(log.stem + "-ray.log"))
@@ -371,7 +375,7 @@ def prepared(log: Path, extra_args=(), port: int | None = None, presharded_tp: i
             raise FileNotFoundError(f"no trained tiny Inkling at {TRAINED_MODEL} (expected its training.json); write it "
                                     f"with: $(bash tools/test_env.sh)/bin/python -m tools.train_tiny_inkling {TRAINED_MODEL}")
         model = TRAINED_MODEL
-        extra_args = (["--served-model-name", "tiny-inkling-trained"]
+        extra_args = (["--served-model-name", TRAINED_SERVED_NAME]
                       + (["--max-model-len", str(max_model_len)] if max_model_len else []) + list(extra_args))
     elif max_model_len:
         model = tiny_model(venv, plugin, max_position=max_model_len)

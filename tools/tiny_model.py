@@ -93,27 +93,50 @@ def model_config_for(tok, **changes) -> dict:
 
 
 def build_inkling(out: Path, max_position: int = 4096, seed: int = 0, experts: int | None = None,
-                  top_k: int | None = None) -> Path:
+                  top_k: int | None = None, winning_padding: int = 0) -> Path:
+    """`winning_padding`: that many padding rows past the tokenizer's ids (instead of one), whose logits beat
+    every real token's, in a config.json of the published config's shape (vocab_size = padded_vocab_size, the
+    rows; unpadded_vocab_size the tokenizer's): a server that samples from the padded width returns them."""
     import torch
 
     from inkling_hpu import parity
     from inkling_hpu.parsers.inkling_py import MARKERS
 
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out, vocab_size=VOCAB_ROWS - 1, extra_specials=tuple(MARKERS))
+    tok = build_tokenizer(out, vocab_size=VOCAB_ROWS - max(1, winning_padding), extra_specials=tuple(MARKERS))
     model_config = model_config_for(tok, n_routed_experts=experts or INKLING["n_routed_experts"],
                                     num_experts_per_tok=top_k or INKLING["num_experts_per_tok"])
     reference = parity.build_reference(model_config, seed, torch.float32)
-    write_checkpoint(out, reference, model_config, tok, max_position, seed=seed + 1)
-    (out / "reference.json").write_text(json.dumps({"seed": seed, "config": model_config}, indent=1))
+    if winning_padding:
+        make_padding_win(reference, len(tok))
+    write_checkpoint(out, reference, model_config, tok, max_position, seed=seed + 1,
+                     published_vocab_shape=bool(winning_padding))
+    if not winning_padding:    # the padded model's weights are no seed's: tests read them back from the files
+        (out / "reference.json").write_text(json.dumps({"seed": seed, "config": model_config}, indent=1))
     (out / "stand-in.json").write_text(json.dumps({"stand_in": True, "why": "random weights, for serving tests"}))
     return out
 
 
-def write_checkpoint(out: Path, reference, model_config: dict, tok, max_position: int, seed: int) -> None:
+def make_padding_win(reference, real_ids: int, margin: float = 2.0) -> None:
+    """Every embedding row carries a large hidden channel 0, which the residual stream keeps (the layers' random
+    outputs are small beside it) and the final norm makes the largest channel; the head's padding rows read
+    +margin from it, the real rows -margin: each padding logit beats every real token's by about twice the
+    normed channel 0 times the margin, over the μP divisor (about 4.6 nats on the tiny Inkling)."""
+    import torch
+
+    with torch.no_grad():
+        embed, head = reference.get_input_embeddings().weight, reference.get_output_embeddings().weight
+        embed[:, 0] = 50.0 * embed[:, 1:].abs().max()
+        head[:, 0] = -margin
+        head[real_ids:] = 0.0
+        head[real_ids:, 0] = margin
+
+
+def write_checkpoint(out: Path, reference, model_config: dict, tok, max_position: int, seed: int,
+                     published_vocab_shape: bool = False) -> None:
     """transformers' Inkling `reference` in the checkpoint's layout: its text tensors under the TML names in two
     shards with an index, beside seeded random tower tensors and an mtp.safetensors, and config.json in the
-    checkpoint's own format."""
+    checkpoint's own format (`published_vocab_shape`: its vocabulary stated as the published config states it)."""
     import torch
     from safetensors.torch import save_file
 
@@ -140,7 +163,8 @@ def write_checkpoint(out: Path, reference, model_config: dict, tok, max_position
     # for these fields: a real config.json states them.
     # vLLM's InklingModelConfig reads vocab_size as the logits kept when padded_vocab_size is stated (it then sets
     # unpadded_vocab_size to it), and checks prompt, logit-bias and stop ids against it.
-    config = dict(model_config, vocab_size=len(tok), model_type="inkling_model", architectures=["InklingForCausalLM"],
+    # The published config states vocab_size as the rows (201,024), as padded_vocab_size, beside unpadded_vocab_size.
+    config = dict(model_config, vocab_size=VOCAB_ROWS if published_vocab_shape else len(tok), model_type="inkling_model", architectures=["InklingForCausalLM"],
                   max_position_embeddings=max_position, tie_word_embeddings=False, torch_dtype="float32",
                   use_sconv=True, use_gate_bias=True, shared_expert_sink=True, norm_after_topk=True,
                   gate_activation="sigmoid", hidden_act="silu", inference_moe_w13_interleaved=True,
@@ -157,8 +181,12 @@ def main(argv=None) -> int:
     parser.add_argument("--max-position", type=int, default=4096)
     parser.add_argument("--experts", type=int, help=f"routed experts (default {INKLING['n_routed_experts']})")
     parser.add_argument("--top-k", type=int, help=f"experts per token (default {INKLING['num_experts_per_tok']})")
+    parser.add_argument("--winning-padding", type=int, default=0, metavar="N",
+                        help="N padding rows whose logits beat every real token's, the vocabulary stated as the "
+                             "published config states it (the padded-vocabulary fix's test)")
     args = parser.parse_args(argv)
-    print(build_inkling(args.out, args.max_position, experts=args.experts, top_k=args.top_k))
+    print(build_inkling(args.out, args.max_position, experts=args.experts, top_k=args.top_k,
+                        winning_padding=args.winning_padding))
     return 0
 
 

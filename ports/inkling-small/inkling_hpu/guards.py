@@ -199,12 +199,18 @@ def admitted_token_id_max(tokenizer: TokenizerIds, config_vocab_size: int) -> in
     return max(tokenizer.max_token_id, config_vocab_size - 1)
 
 
-def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, rows: int) -> str | None:
+def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, rows: int,
+                     logits: int | None = None) -> str | None:
     """Why a prompt token id vLLM admits can reach the embedding without a row (`rows`: the rows the
     ranks hold together), else None. Such an id is an IndexError in the worker: the engine dies and
-    every client's request with it."""
+    every client's request with it. With `logits` (the head's width after the padding is trimmed), also why
+    the model and vLLM's sampler checks would disagree, or an id of the tokenizer could never be sampled."""
     if tokenizer is None:
         return NO_TOKENIZER
+    if logits is not None:
+        refusal = logits_refusal(tokenizer, config_vocab_size, logits)
+        if refusal:
+            return refusal
     admitted = admitted_token_id_max(tokenizer, config_vocab_size)
     if admitted < rows:
         return None
@@ -229,11 +235,30 @@ def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, row
             f"tokenizer's) or a tokenizer whose ids and vocab_size stay below {rows}.")
 
 
-def token_id_line(tokenizer: TokenizerIds, config_vocab_size: int, rows: int) -> str:
-    """The start-up line saying which ids vLLM admits and the rows that hold them."""
-    return (f"token ids: vLLM admits 0..{admitted_token_id_max(tokenizer, config_vocab_size)} (tokenizer "
+def logits_refusal(tokenizer: TokenizerIds, config_vocab_size: int, logits: int) -> str | None:
+    """The head's logits must be vLLM's vocabulary (its sampler checks logit_bias, allowed_token_ids and
+    stop_token_ids against the config's vocab_size, and samples every column it is handed), and must hold
+    every id the tokenizer has (an id past them, an end-of-message marker say, could never be generated)."""
+    if logits != config_vocab_size:
+        return (f"logits: expected the head's logits to be vLLM's vocabulary (the config's vocab_size "
+                f"{config_vocab_size}, which its sampler checks request ids against), found {logits} "
+                "(the config's unpadded_vocab_size). Apply the fix pack's inkling-unpadded-vocab fix, or state "
+                "one vocabulary size in config.json.")
+    beyond = sorted((i, t) for t, i in tokenizer.vocab.items() if i >= logits)
+    if beyond:
+        named = ", ".join(f"{t!r} = {i}" for i, t in beyond[:8]) + (f", and {len(beyond) - 8} more" if len(beyond) > 8 else "")
+        return (f"logits: expected every id the tokenizer has to be one the model can sample (below the logits' "
+                f"width {logits}, the config's unpadded_vocab_size), found {len(beyond)} past it: {named}. "
+                "Give the checkpoint an unpadded_vocab_size that holds the tokenizer's ids.")
+    return None
+
+
+def token_id_line(tokenizer: TokenizerIds, config_vocab_size: int, rows: int, logits: int | None = None) -> str:
+    """The start-up line saying which ids vLLM admits and the rows that hold them (and the logits' width)."""
+    line = (f"token ids: vLLM admits 0..{admitted_token_id_max(tokenizer, config_vocab_size)} (tokenizer "
             f"max_token_id {tokenizer.max_token_id}, config vocab_size {config_vocab_size}); the embedding "
             f"holds {rows} rows")
+    return line if logits is None else line + f"; logits: {logits} ids of {rows} head rows (the padding trimmed)"
 
 
 def tokenizer_ids(tokenizer: Any) -> TokenizerIds | None:

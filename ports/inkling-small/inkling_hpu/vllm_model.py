@@ -87,33 +87,35 @@ def _pipeline_stage(num_layers: int) -> PipelineStage:
 
 
 
-def check_token_ids(tokenizer, config_vocab_size: int, rows: int) -> str:
+def check_token_ids(tokenizer, config_vocab_size: int, rows: int, logits: int | None = None) -> str:
     """Refuse to start when a prompt token id vLLM admits (`tokenizer`: a vLLM tokenizer, None without one;
     the config's vocab_size) has no embedding row (`rows`): the IndexError in the worker would end the
-    engine, every client's request with it. Returns the start-up line saying which ids it admits."""
+    engine, every client's request with it; or when the head's `logits` width is not vLLM's vocabulary or
+    leaves out an id of the tokenizer. Returns the start-up line saying which ids it admits."""
     ids = guards.tokenizer_ids(tokenizer)
-    refusal = guards.token_id_refusal(ids, config_vocab_size, rows)
+    refusal = guards.token_id_refusal(ids, config_vocab_size, rows, logits)
     if refusal:
         raise guards.InklingConfigRefused("Inkling-Small refuses to start: " + refusal)
-    return guards.token_id_line(ids, config_vocab_size, rows)
+    return guards.token_id_line(ids, config_vocab_size, rows, logits)
 
 
-def check_served_token_ids(model_config, rows: int) -> str:
+def check_served_token_ids(model_config, rows: int, logits: int) -> str:
     """check_token_ids with the tokenizer vLLM's input processor checks prompts with (the same cached load)."""
     from vllm.tokenizers import cached_tokenizer_from_config
 
-    return check_token_ids(cached_tokenizer_from_config(model_config), model_config.get_vocab_size(), rows)
+    return check_token_ids(cached_tokenizer_from_config(model_config), model_config.get_vocab_size(), rows, logits)
 
 
 def check_checkpoint_token_ids(model_dir: str | os.PathLike) -> str:
     """check_token_ids on a checkpoint folder, its tokenizer and config read as vLLM reads them (the preflight,
-    tools/tiny_model.py)."""
+    tools/tiny_model.py): the rows and the logits' width the port builds from that config."""
     from vllm.tokenizers import get_tokenizer
     from vllm.transformers_utils.config import get_config
 
     hf_config = get_config(str(model_dir), trust_remote_code=False)
+    config = InklingPortConfig.from_object(hf_config)
     return check_token_ids(get_tokenizer(str(model_dir)), hf_config.get_text_config().vocab_size,
-                           InklingPortConfig.from_object(hf_config).vocab_rows)
+                           config.vocab_rows, config.vocab_out)
 
 
 def _device_memory_bytes() -> int | None:
@@ -233,7 +235,8 @@ class InklingVllmModel(nn.Module, SupportsPP):
         self.inkling = InklingForCausalLM(self.config, tp=self.tp, stage=_pipeline_stage(self.config.num_hidden_layers),
                                           dtype=vllm_config.model_config.dtype)
         self.stage = self.inkling.stage
-        logger.info("Inkling %s", check_served_token_ids(vllm_config.model_config, self.inkling.embedding_rows))
+        logger.info("Inkling %s", check_served_token_ids(vllm_config.model_config, self.inkling.embedding_rows,
+                                                         self.config.vocab_out))
         self.block_size = vllm_config.cache_config.block_size
         # One vLLM Attention per layer: it only holds the layer's KV cache (never called). Each
         # declares the bytes of conv state the layer keeps per KV block, which the platform adds to

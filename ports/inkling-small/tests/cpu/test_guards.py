@@ -191,15 +191,34 @@ def _tokenizer(base: int, added: tuple[str, ...] = ()) -> guards.TokenizerIds:
 
 
 def test_token_id_guard_passes_the_page_s_checkpoint_shape():
-    # Inkling-Small: 201,024 embedding rows and config vocab_size, 200,058 logits kept; a tokenizer of
-    # 200,058 ids plus added markers below the padded rows leaves every admitted id a row
-    tokenizer = _tokenizer(200058, ("<|content_tool_error|>", "<|content_xml|>"))
-    assert guards.token_id_refusal(tokenizer, 201024, 201024) is None
-    assert guards.token_id_line(tokenizer, 201024, 201024) == (
-        "token ids: vLLM admits 0..201023 (tokenizer max_token_id 200059, config vocab_size 201024); "
-        "the embedding holds 201024 rows")
+    # Inkling-Small with the fix pack's inkling-unpadded-vocab: 201,024 embedding and head rows, vLLM's
+    # vocab_size and the logits 200,058; a tokenizer whose special tokens are the top of the unpadded range
+    # (ids 200,056 and 200,057) can sample every id it has
+    tokenizer = _tokenizer(200056, ("<|content_tool_error|>", "<|content_xml|>"))
+    assert guards.token_id_refusal(tokenizer, 200058, 201024, logits=200058) is None
+    assert guards.token_id_line(tokenizer, 200058, 201024, logits=200058) == (
+        "token ids: vLLM admits 0..200057 (tokenizer max_token_id 200057, config vocab_size 200058); "
+        "the embedding holds 201024 rows; logits: 200058 ids of 201024 head rows (the padding trimmed)")
     # the tiny checkpoint: 1,023 ids, 1,024 rows
-    assert guards.token_id_refusal(_tokenizer(1023), 1024, 1024) is None
+    assert guards.token_id_refusal(_tokenizer(1023), 1023, 1024, logits=1023) is None
+
+
+def test_logits_that_are_not_vllm_s_vocabulary_are_refused():
+    # the published config on a vLLM without inkling-unpadded-vocab would give 201,024 (vLLM's vocab_size) beside
+    # a head trimmed to 200,058: the sampler's checks and the model would disagree
+    refusal = guards.token_id_refusal(_tokenizer(200058), 201024, 201024, logits=200058)
+    assert refusal.startswith("logits: expected the head's logits to be vLLM's vocabulary (the config's vocab_size "
+                              "201024, which its sampler checks request ids against), found 200058"), refusal
+
+
+def test_a_tokenizer_id_past_the_logits_is_refused():
+    # special tokens added after 200,058 ids could never be sampled once the padding is trimmed
+    refusal = guards.token_id_refusal(_tokenizer(200058, ("<|end_message|>", "<|content_xml|>")), 200058, 201024,
+                                      logits=200058)
+    assert refusal == ("logits: expected every id the tokenizer has to be one the model can sample (below the "
+                       "logits' width 200058, the config's unpadded_vocab_size), found 2 past it: "
+                       "'<|end_message|>' = 200058, '<|content_xml|>' = 200059. Give the checkpoint an "
+                       "unpadded_vocab_size that holds the tokenizer's ids."), refusal
 
 
 def test_token_id_guard_refuses_an_admitted_id_without_a_row():
