@@ -27,7 +27,12 @@ def test_installed_vllm_is_the_patched_sdist_but_two_files(vllm_src, tmp_path):
     summary = cpu_server.patch_vllm(venv)
     assert summary.startswith("apply_all.py: OK"), summary
     root = cpu_server.site_packages(venv)
-    fixes = ["rank-exception-fatal", "engine-death-exit-code", "vllm-long-prefill-share"]
+    from cookbook.api import DEFAULT_PROFILE, load_profile
+    from recipes.launch import load_recipe
+
+    profile = load_profile(DEFAULT_PROFILE)     # the vLLM fixes patch_vllm applies: the profile's and the recipe's
+    fixes = [name for name in [*profile.fixes, *load_recipe()["opt-in-fixes"]] if "vllm" in profile.fix(name).targets]
+    assert "inkling-unpadded-vocab" in fixes and "vllm-long-prefill-share" in fixes, fixes
     patched_copy(vllm_src, "vllm", fixes, tmp_path)
     installed, sdist = _python_files(root / "vllm"), _python_files(tmp_path / "vllm")
     assert sorted(set(installed) ^ set(sdist)) == []

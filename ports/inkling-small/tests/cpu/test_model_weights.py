@@ -146,3 +146,40 @@ def test_a_broken_collective_is_caught(tmp_path):
     single = parity.run_port(helpers.port_model(name, helpers.BIAS_BUDGET), helpers.workload(name), 0)
     results = _two_ranks(name, tmp_path, ThreadGroup(2, gather_reversed=True))
     assert helpers.max_abs_between(results[0], single) > 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_the_vocab_parallel_head_at_tp_8_gives_the_unpadded_logits():
+    """The head at the page's TP 8: each rank holds its eighth of the padded rows (the real 201,024 rows split
+    8 ways as 1,024 do here), the ranks' logits are gathered in order and the padding past the unpadded
+    vocabulary is trimmed (1,000 kept of 1,024: the last rank's slab holds real and padding rows)."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    rows, kept, hidden, size = 1024, 1000, 32, 8
+    full = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(0))
+    states = torch.randn(5, hidden, generator=torch.Generator().manual_seed(1))
+    group, stage = ThreadGroup(size), modeling.PipelineStage.whole(1)
+    heads = []
+    for rank in range(size):
+        tp = group.parallel(rank)
+        with modeling.vllm_layers_buildable(tp, stage, torch.float32):
+            head = ParallelLMHead(rows, hidden, padding_size=1)
+            head.weight.data.copy_(full.chunk(size)[rank])
+            heads.append((head, modeling.InklingLogitsProcessor(SimpleNamespace(vocab_rows=rows, vocab_out=kept), tp)))
+    assert [tuple(head.weight.shape) for head, _ in heads] == [(rows // size, hidden)] * size
+    logits = [None] * size
+
+    def rank_main(rank: int) -> None:
+        head, processor = heads[rank]
+        logits[rank] = processor(head, states)
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for rank_logits in logits:
+        assert rank_logits.shape == (5, kept)
+        torch.testing.assert_close(rank_logits, states @ full[:kept].T)
