@@ -29,8 +29,8 @@ def harness_env(vllm_gaudi_root: Path, vllm_root: Path) -> dict[str, str]:
     # The repository's root last: scenario modules import its library (recipes, tools) wherever pytest runs
     # (the image's preflight runs it from /tmp).
     env["PYTHONPATH"] = os.pathsep.join(
-        str(p) for p in (HARNESS_PARENT, harness / "habana_stub", harness / "entry_points", vllm_gaudi_root,
-                         vllm_root, HARNESS_PARENT.parent))
+        str(p) for p in (HARNESS_PARENT, harness / "habana_stub", harness / "entry_points", harness / "cpu_kernels",
+                         vllm_gaudi_root, vllm_root, HARNESS_PARENT.parent))
     env.pop("VLLM_TARGET_DEVICE", None)  # "cpu" would force vLLM's CpuPlatform over the HPU plugin
     env.update({
         "VLLM_USE_FAKE_HPU": "1",  # vllm-gaudi: cpu device strings, gloo backend
