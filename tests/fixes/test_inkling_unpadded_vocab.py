@@ -131,6 +131,13 @@ def ask(server: cpu_server.CpuServer, first_padding_id: int) -> dict:
             "log": server.log.read_text(errors="replace")}
 
 
+def served_test(test):
+    """A test of the two servers: marked as starting a CPU server, slow, and given their start-up time."""
+    for mark in (pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1800)):
+        test = mark(test)
+    return test
+
+
 @pytest.fixture(scope="module")
 def served(vllm_src, tmp_path_factory):
     """{"pristine": ask(...), "patched": ask(...)} and the first padding id, one server at a time."""
@@ -153,9 +160,7 @@ def served(vllm_src, tmp_path_factory):
     return answers, first_padding_id
 
 
-@pytest.mark.server
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
+@served_test
 def test_the_pristine_server_samples_padding_ids(served):
     answers, first_padding_id = served
     pristine = answers["pristine"]
@@ -167,9 +172,7 @@ def test_the_pristine_server_samples_padding_ids(served):
     assert all(status == 200 for status, _ in pristine["refused"].values()), pristine["refused"]
 
 
-@pytest.mark.server
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
+@served_test
 def test_the_patched_server_never_samples_a_padding_id(served):
     answers, first_padding_id = served
     patched = answers["patched"]
