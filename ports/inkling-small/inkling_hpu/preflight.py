@@ -181,7 +181,9 @@ def run_cpu_tests(tests: Path = PORT / "tests" / "cpu") -> tuple[str, str]:
         return "skip", f"{tests} does not exist"
     installed = {name: importlib.util.find_spec(package) for name, package in
                  (("VLLM_SRC", "vllm"), ("VLLM_GAUDI_SRC", "vllm_gaudi"))}
-    env = {**os.environ, **{name: str(Path(spec.origin).parents[1]) for name, spec in installed.items() if spec}}
+    # the row reads pytest's own -q tally: options from the caller's PYTEST_ADDOPTS (-v, ...) would change it
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+           **{name: str(Path(spec.origin).parents[1]) for name, spec in installed.items() if spec}}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
                            "not server and not pristine", str(tests)],
                           capture_output=True, text=True, cwd="/tmp", env=env)
@@ -195,7 +197,7 @@ def cpu_tests_detail(proc: subprocess.CompletedProcess, tests: Path) -> str:
     lines = proc.stdout.strip().splitlines() or [""]
     # pytest's short summary: "FAILED path::test - message"
     failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
-    tally = lines[-1] + (f"; failed: {', '.join(failed[:10])}" if failed else "")
+    tally = lines[-1].strip("= ") + (f"; failed: {', '.join(failed[:10])}" if failed else "")
     if proc.returncode >= 0 and tally:
         return tally
     if proc.returncode < 0:

@@ -36,3 +36,12 @@ def test_a_tally_stays_the_row(tmp_path):
     assert status == "fail", detail
     assert detail.startswith("1 failed, 1 passed"), detail
     assert detail.endswith("test_dies.py::test_one"), detail
+
+
+def test_the_caller_s_pytest_addopts_do_not_change_the_row(tmp_path, monkeypatch):
+    """-v in the caller's PYTEST_ADDOPTS turned the tally into pytest's verbose banner line."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-v")
+    tests = folder_of_one_test(tmp_path, "def test_one():\n    pass\n")
+    status, detail = preflight.run_cpu_tests(tests)
+    assert status == "pass", detail
+    assert detail.startswith("1 passed in "), detail
