@@ -1,8 +1,9 @@
 """Fixtures shared by every test folder: real upstream sources, fetched or named at test time,
-never committed."""
+never committed. A test phase of over a minute is reported as it ends, on the session's clock."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,23 @@ def vllm_gaudi_src() -> Path:
     if not (path / "vllm_gaudi").is_dir():
         pytest.fail(f"VLLM_GAUDI_SRC={src} has no vllm_gaudi/ package directory")
     return path
+
+
+SLOW_PHASE_SECONDS = 60
+_session_started = time.monotonic()
+_config = None
+
+
+def pytest_configure(config):
+    global _config
+    _config = config
+
+
+def pytest_runtest_logreport(report):
+    """--durations prints only when the session ends; a run stopped by CI's time limit still says where its
+    minutes went."""
+    if report.duration >= SLOW_PHASE_SECONDS:
+        reporter = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+        if reporter is not None:
+            reporter.write_line(f"[slow: {report.when} {report.duration:.0f} s, at {time.monotonic() - _session_started:.0f} s"
+                                f" into the session] {report.nodeid} {report.outcome}")

@@ -25,7 +25,7 @@ from cpu_server_helpers import (assert_concurrent_shared_prefixes_equal_transfor
                                 assert_greedy_tokens_equal_transformers, assert_workers_read_their_share, prepared,
                                 run_gates, table)
 
-pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(1200)]
 
 # The page's bound: a lost node ends the server within this, not at VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
 NODE_LOSS_SECONDS = 30
